@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""torch.ops.deltasync encode / apply against the torch eager equivalents, in one run.
+
+    python benchmarks/torch_ops_bench.py [--elements 64e6] [--density 0.01] [--device cpu|cuda]
+
+Eager encode = per tensor `ne` + `nonzero` + `index_select` (+ `index_copy_` into the shadow, so
+both sides leave the shadow up to date); eager apply = per tensor `index_copy_`. Also prints a
+same-run copy (`shadow.copy_(current)`) of the whole model as the memory-bandwidth yardstick.
+Times are the best of --repeat runs; the model is a realistic mix of tensor sizes in bf16.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import deltasync
+from deltasync import ops
+
+INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+
+
+def model_shapes(elements: int, hidden: int = 1024) -> list[tuple[int, ...]]:
+    """Transformer-like: an embedding, then blocks of (4 h×h, 3 h×3h-ish, 2 norms) until full."""
+    shapes = [(elements // 8 // hidden, hidden)]
+    total = shapes[0][0] * hidden
+    while total < elements:
+        for s in [(hidden, hidden)] * 4 + [(hidden * 3, hidden)] * 2 + [(hidden, hidden * 3), (hidden,), (hidden,)]:
+            shapes.append(s)
+            total += torch.Size(s).numel()
+    return shapes
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def best_of(fn, setup, repeat, device):
+    best = float("inf")
+    for _ in range(repeat):
+        setup()
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def eager_encode(current, shadow):
+    indices, values, counts = [], [], []
+    for cur, sh in zip(current, shadow):
+        c, s = cur.view(-1).view(INT[cur.element_size()]), sh.view(-1).view(INT[sh.element_size()])
+        idx = torch.ne(c, s).nonzero().reshape(-1)
+        v = c.index_select(0, idx)
+        s.index_copy_(0, idx, v)
+        indices.append(idx)
+        values.append(v)
+        counts.append(idx.numel())
+    return indices, values, counts
+
+
+def eager_apply(targets, indices, values):
+    for t, idx, v in zip(targets, indices, values):
+        t.view(-1).view(INT[t.element_size()]).index_copy_(0, idx, v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--elements", type=float, default=64e6)
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    g = torch.Generator().manual_seed(0)
+    shapes = model_shapes(int(args.elements))
+    base = [(torch.randn(s, generator=g) * 0.05).to(torch.bfloat16).to(device) for s in shapes]
+    current = []
+    for b in base:
+        c = b.clone()
+        flat = c.view(-1).view(torch.int16)
+        mask = (torch.rand(flat.shape, generator=g) < args.density).to(device)
+        flat[mask] += 1  # one ulp, like an Adam step at an RL learning rate
+        current.append(c)
+    shadow = [b.clone() for b in base]
+    n = sum(t.numel() for t in base)
+    nbytes = n * 2
+
+    def reset():
+        for s, b in zip(shadow, base):
+            s.copy_(b)
+
+    results = {"device": str(device), "elements": n, "tensors": len(base), "density": args.density,
+               "threads": torch.get_num_threads(), "ops_library": str(deltasync.library_path())}
+    results["copy_s"] = best_of(lambda: [s.copy_(c) for s, c in zip(shadow, current)], reset, args.repeat, device)
+    results["encode_ops_s"] = best_of(lambda: ops.encode(current, shadow), reset, args.repeat, device)
+    results["encode_eager_s"] = best_of(lambda: eager_encode(current, shadow), reset, args.repeat, device)
+    reset()
+    indices, values, counts = ops.encode(current, shadow)
+    e_idx, e_val, _ = eager_encode(current, [b.clone() for b in base])
+    targets = [b.clone() for b in base]
+    results["changed"] = int(counts.sum())
+    results["apply_ops_s"] = best_of(lambda: ops.apply(targets, indices, values, counts), lambda: None, args.repeat, device)
+    results["apply_eager_s"] = best_of(lambda: eager_apply(targets, e_idx, e_val), lambda: None, args.repeat, device)
+    for t, c in zip(targets, current):
+        assert torch.equal(t.view(torch.int16), c.view(torch.int16))
+    results["encode_speedup"] = results["encode_eager_s"] / results["encode_ops_s"]
+    results["apply_speedup"] = results["apply_eager_s"] / results["apply_ops_s"]
+    read = 2 * nbytes
+    print(f"model: {n / 1e6:.1f}M bf16 elements in {len(base)} tensors, {results['changed']} changed "
+          f"({args.density:.2%}), device {device}, {results['threads']} torch threads")
+    print(f"  copy (yardstick)      {results['copy_s'] * 1e3:8.2f} ms  {read / results['copy_s'] / 1e9:6.2f} GB/s (read+write)")
+    print(f"  encode  deltasync     {results['encode_ops_s'] * 1e3:8.2f} ms  {read / results['encode_ops_s'] / 1e9:6.2f} GB/s read")
+    print(f"  encode  torch eager   {results['encode_eager_s'] * 1e3:8.2f} ms  -> deltasync {results['encode_speedup']:.1f}x faster")
+    print(f"  apply   deltasync     {results['apply_ops_s'] * 1e3:8.2f} ms")
+    print(f"  apply   torch eager   {results['apply_eager_s'] * 1e3:8.2f} ms  -> deltasync {results['apply_speedup']:.1f}x faster")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

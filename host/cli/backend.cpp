@@ -1,0 +1,41 @@
+#include "backend.hpp"
+
+#include "deltasync/cpu_engine.hpp"
+#include "deltasync/error.hpp"
+#ifdef DELTASYNC_WITH_CUDA
+#include "deltasync/cuda/engine.hpp"
+#endif
+
+namespace deltasync::cli {
+
+Backend choose_backend(const ParsedArgs& args) {
+  if (args.has("--cpu") && args.has("--gpu")) throw Error("--cpu and --gpu are exclusive");
+  if (args.has("--cpu")) return Backend::Cpu;
+#ifdef DELTASYNC_WITH_CUDA
+  if (cuda::device_available()) return Backend::Cuda;
+  if (args.has("--gpu")) throw Error("--gpu: no CUDA device is available");
+#else
+  if (args.has("--gpu")) throw Error("--gpu: this build of deltasync has no CUDA backend");
+#endif
+  return Backend::Cpu;
+}
+
+const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu"; }
+
+void encode_on(Backend backend, std::span<const EncodeItem> items, SparseDelta& out) {
+#ifdef DELTASYNC_WITH_CUDA
+  if (backend == Backend::Cuda) return encode_cuda(items, out);
+#endif
+  (void)backend;
+  cpu::encode(items, out);
+}
+
+void apply_on(Backend backend, std::span<const TensorRef> targets, std::span<const PatchRef> patches) {
+#ifdef DELTASYNC_WITH_CUDA
+  if (backend == Backend::Cuda) return apply_cuda(targets, patches);
+#endif
+  (void)backend;
+  cpu::apply(targets, patches);
+}
+
+}  // namespace deltasync::cli

@@ -1,0 +1,32 @@
+// Which engine a command runs on: the CUDA kernels when a GPU is present (or --gpu), the CPU
+// twin otherwise (or --cpu). Commands hand host buffers to these functions; the CUDA path
+// moves them to the device and back, so both backends are interchangeable byte for byte.
+#pragma once
+#include <span>
+
+#include "args.hpp"
+#include "deltasync/sparse_delta.hpp"
+#include "deltasync/tensor.hpp"
+
+namespace deltasync::cli {
+
+enum class Backend { Cpu, Cuda };
+
+// The switches every engine-using command accepts.
+inline const std::set<std::string> kBackendSwitches = {"--cpu", "--gpu"};
+
+// --cpu / --gpu, else CUDA when built in and a device is present. Throws for --gpu without one.
+Backend choose_backend(const ParsedArgs& args);
+const char* backend_name(Backend b);
+
+// cpu::encode semantics on host buffers (shadows updated in place).
+void encode_on(Backend backend, std::span<const EncodeItem> items, SparseDelta& out);
+// cpu::apply semantics on host buffers (nothing written on an invalid patch).
+void apply_on(Backend backend, std::span<const TensorRef> targets, std::span<const PatchRef> patches);
+
+#ifdef DELTASYNC_WITH_CUDA
+void encode_cuda(std::span<const EncodeItem> items, SparseDelta& out);
+void apply_cuda(std::span<const TensorRef> targets, std::span<const PatchRef> patches);
+#endif
+
+}  // namespace deltasync::cli

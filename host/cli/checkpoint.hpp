@@ -1,0 +1,38 @@
+// Helpers the subcommands share for safetensors checkpoints on disk.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "deltasync/delta_file.hpp"
+#include "deltasync/safetensors.hpp"
+#include "deltasync/tensor.hpp"
+
+namespace deltasync::cli {
+
+// A checkpoint's raw bytes in memory (a private, writable copy of the file) with its parsed
+// layout: apply patches these bytes in place and writes them back, so the output keeps the
+// input's header byte for byte.
+struct CheckpointImage {
+  st::File file;                 // the validated, mapped original
+  std::vector<TensorMeta> meta;  // header order
+  std::vector<uint8_t> bytes;    // whole file
+  uint64_t data_start = 0;       // offset of the data section in `bytes`
+
+  static CheckpointImage load(const std::string& path);
+  uint8_t* tensor_data(size_t t);
+  std::vector<TensorRef> targets();
+  std::vector<ConstTensorRef> views() const;
+};
+
+// The model_version recorded in a file's metadata, if any (Error when present but malformed).
+std::optional<uint64_t> recorded_version(const st::File& file);
+
+// Checks that `other` holds exactly the tensors of `base` (names, dtypes, shapes) and returns,
+// for each base tensor, its bytes in `other`. Error("OTHER: ...") names the first difference.
+std::vector<const uint8_t*> matching_tensors(const st::File& other, const std::vector<TensorMeta>& base);
+
+// "12.3 MB" style sizes for human-readable lines.
+std::string human_bytes(double bytes);
+
+}  // namespace deltasync::cli

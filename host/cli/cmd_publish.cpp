@@ -1,0 +1,156 @@
+// deltasync publish CHECKPOINT --store URL --version N [--state DIR]: makes CHECKPOINT version N
+// of the store — a delta against the last published weights (the shadow), plus an anchor when
+// one is due — and returns once the version is visible.
+//
+// The shadow comes from --state DIR (DIR/shadow.safetensors, rewritten after each publish);
+// without --state it is rebuilt by pulling the newest version from the store (correct, but a
+// full download each time).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "args.hpp"
+#include "checkpoint.hpp"
+#include "command.hpp"
+#include "deltasync/error.hpp"
+#include "deltasync/protocol.hpp"
+#include "deltasync/publisher.hpp"
+#include "deltasync/subscriber.hpp"
+#include "progress.hpp"
+
+namespace deltasync::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "publish CHECKPOINT --store URL --version N [--state DIR] [--anchor-every N] [--anchor-share F] "
+    "[--keep-anchors K] [--anchor-part-bytes B] [--format compact|trl] [--quiet]";
+
+constexpr const char* kShadowFile = "shadow.safetensors";
+
+uint64_t metadata_u64(const st::Metadata& md, const char* key, uint64_t fallback, const std::string& label) {
+  auto it = md.find(key);
+  if (it == md.end()) return fallback;
+  try {
+    size_t used = 0;
+    uint64_t v = std::stoull(it->second, &used);
+    if (used == it->second.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw Error(label + ": state metadata " + key + " is malformed");
+}
+
+double parse_share(const std::string& text) {
+  try {
+    size_t used = 0;
+    double v = std::stod(text, &used);
+    if (used == text.size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw Error("option --anchor-share expects a non-negative number, got '" + text + "'");
+}
+
+// The shadow and publisher state from the store itself: the newest version's weights.
+std::optional<std::pair<HostModel, PublisherState>> state_from_store(Store& store, bool quiet) {
+  Subscriber sub(store);
+  auto newest = sub.poll();
+  if (!newest) return std::nullopt;
+  if (!quiet) std::fprintf(stderr, "publish: no --state; rebuilding the shadow from version %llu in the store\n", static_cast<unsigned long long>(*newest));
+  HostModel shadow;
+  sub.sync(shadow, newest);
+  PublisherState state;
+  state.last_version = newest;
+  const protocol::Manifest* m = sub.catalog().find(*newest);
+  state.last_anchor_version = m->latest_anchor;
+  // Delta bytes since that anchor, following the chain back.
+  for (const protocol::Manifest* cur = m; cur && !cur->has_anchor() && cur->base_version; cur = sub.catalog().find(*cur->base_version))
+    state.delta_bytes_since_anchor += cur->delta_bytes();
+  return std::make_pair(std::move(shadow), state);
+}
+
+int run_publish(const Args& raw) {
+  ParsedArgs args(raw, {"--store", "--version", "--state", "--anchor-every", "--anchor-share", "--keep-anchors", "--anchor-part-bytes", "--format"},
+                  {"--quiet"});
+  args.expect_positional(1, kUsage);
+  const bool quiet = args.has("--quiet");
+  const uint64_t version = args.get_u64("--version").value_or(0);
+  if (!args.get("--version")) throw Error("missing required option --version: " + std::string(kUsage));
+  const auto start = std::chrono::steady_clock::now();
+
+  std::shared_ptr<Store> store = open_store(args.require("--store"));
+  const st::File checkpoint = st::File::open(args.positional()[0]);
+  std::vector<TensorMeta> tensors = model_tensors(checkpoint);
+  std::vector<ConstTensorRef> current;
+  for (const auto& t : tensors) current.push_back(ConstTensorRef{t.name, checkpoint.bytes(checkpoint.at(t.name)).data(), t.numel(), t.width()});
+
+  PublisherOptions options;
+  options.anchor_every = args.get_u64("--anchor-every").value_or(options.anchor_every);
+  if (auto s = args.get("--anchor-share")) options.anchor_share = parse_share(*s);
+  options.keep_anchors = args.get_u64("--keep-anchors").value_or(options.keep_anchors);
+  options.anchor_part_bytes = args.get_u64("--anchor-part-bytes").value_or(options.anchor_part_bytes);
+  if (options.anchor_part_bytes == 0) throw Error("option --anchor-part-bytes must be positive");
+  options.delta_format = args.get("--format").value_or(options.delta_format);
+  if (!quiet) options.log = [](const std::string& line) { std::fprintf(stderr, "publish: %s\n", line.c_str()); };
+
+  // Where the shadow comes from.
+  std::optional<std::string> state_dir = args.get("--state");
+  std::optional<std::pair<HostModel, PublisherState>> restored;
+  if (state_dir) {
+    std::filesystem::create_directories(*state_dir);
+    const std::string shadow_path = (std::filesystem::path(*state_dir) / kShadowFile).string();
+    if (std::filesystem::exists(shadow_path)) {
+      st::File file = st::File::open(shadow_path);
+      HostModel shadow = HostModel::from_file(file);
+      PublisherState state;
+      state.last_version = shadow.version;
+      if (!state.last_version) throw Error(shadow_path + ": state has no model_version");
+      if (file.metadata().count("last_anchor_version"))
+        state.last_anchor_version = metadata_u64(file.metadata(), "last_anchor_version", 0, shadow_path);
+      state.delta_bytes_since_anchor = metadata_u64(file.metadata(), "delta_bytes_since_anchor", 0, shadow_path);
+      restored.emplace(std::move(shadow), state);
+    }
+  } else {
+    restored = state_from_store(*store, quiet);
+  }
+  if (restored && restored->second.last_version && version <= *restored->second.last_version)
+    throw Error("version " + std::to_string(version) + " is not newer than the last published version " +
+                std::to_string(*restored->second.last_version));
+  if (store->head(protocol::manifest_key(version)))
+    throw Error(store->describe(protocol::manifest_key(version)) + ": version " + std::to_string(version) + " already exists");
+
+  store->set_progress(terminal_progress("upload", quiet));
+  Publisher publisher(store, tensors, options);
+  if (restored) publisher.restore(std::move(restored->first), restored->second);
+  publisher.publish(version, current);
+  publisher.flush();
+  finish_progress();
+
+  if (state_dir) {
+    const PublisherState state = publisher.state();
+    st::Metadata extra{{"delta_bytes_since_anchor", std::to_string(state.delta_bytes_since_anchor)}};
+    if (state.last_anchor_version) extra["last_anchor_version"] = std::to_string(*state.last_anchor_version);
+    publisher.shadow().save((std::filesystem::path(*state_dir) / kShadowFile).string(), extra);
+  }
+
+  const auto stats = publisher.stats();
+  if (stats.empty()) throw Error("publish: no version was uploaded");
+  const VersionStats& s = stats.back();
+  uint64_t model_bytes = 0, elements = 0;
+  for (const auto& t : tensors) {
+    model_bytes += t.numel() * t.width();
+    elements += t.numel();
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("version %llu visible in %s: %s%s%s (%llu of %llu elements changed), full weights %s; "
+              "publish-to-visible %.3f s (encode %.3f s, upload %.3f s), command %.3f s\n",
+              static_cast<unsigned long long>(version), store->url().c_str(),
+              s.base_version ? ("delta " + human_bytes(double(s.delta_bytes)) + " from version " + std::to_string(*s.base_version)).c_str() : "",
+              s.base_version && s.anchor ? " + " : "", s.anchor ? ("anchor " + human_bytes(double(s.anchor_bytes))).c_str() : "",
+              static_cast<unsigned long long>(s.changed_elements), static_cast<unsigned long long>(elements),
+              human_bytes(double(model_bytes)).c_str(), s.visible_seconds, s.encode_seconds, s.upload_seconds, total);
+  return 0;
+}
+
+const bool registered = register_command({"publish", kUsage, &run_publish});
+
+}  // namespace
+}  // namespace deltasync::cli

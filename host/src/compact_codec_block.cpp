@@ -1,0 +1,545 @@
+// The coder of one compact block (docs/compact-format.md, "Block payload").
+//
+// Each change contributes up to two integers: the gap to the previous position (not for the
+// block's first change, whose position is in the record) and the value symbol. An integer v is
+// split into a token and raw low bits ("hybrid integer"): v < 16 is its own token; otherwise,
+// with n = floor(log2 v), the token is 16 + 4(n-4) + the two bits below the leading one, and
+// the n-2 bits under those are written raw. Tokens carry nearly all the information and are
+// entropy-coded with rANS against a per-block static table (12-bit precision); the raw bits are
+// close to uniform, so storing them as they are costs almost nothing over their entropy.
+//
+// Why rANS with static tables instead of zstd: the symbols are far from byte-aligned (a ±1-ulp
+// value change is ~1 bit), zstd's literal Huffman cannot go below 1 bit per byte and its
+// matcher finds nothing in noise-like gaps; a static table per block is what a GPU thread can
+// decode without shared state.
+#include "compact_codec_block.hpp"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+
+#include "deltasync/compact_codec.hpp"
+
+namespace deltasync::compact::detail {
+namespace {
+
+constexpr uint32_t kScaleBits = 12;
+constexpr uint32_t kScale = 1u << kScaleBits;
+constexpr uint32_t kRansLow = 1u << 23;  // state interval [kRansLow, kRansLow << 8)
+constexpr uint32_t kGapTokens = 256;     // tokens of 64-bit integers
+constexpr int kLanes = 4;
+
+template <typename T>
+void store_le(uint8_t* out, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+template <typename T>
+T load_le(const uint8_t* in) {
+  T v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(in[i]) << (8 * i);
+  return v;
+}
+
+// ---- hybrid integers ----------------------------------------------------------------------
+
+struct Split {
+  uint32_t token;
+  uint32_t extra_bits;
+  uint64_t extra;
+};
+
+inline Split split(uint64_t v) {
+  if (v < 16) return {static_cast<uint32_t>(v), 0, 0};
+  const uint32_t n = 63u - static_cast<uint32_t>(std::countl_zero(v));
+  const uint32_t top = static_cast<uint32_t>(v >> (n - 2)) & 3u;
+  return {16u + 4u * (n - 4u) + top, n - 2u, v & ((uint64_t{1} << (n - 2)) - 1)};
+}
+
+inline uint32_t extra_bits_of(uint32_t token) { return token < 16 ? 0 : (token - 16) / 4 + 2; }
+
+inline uint64_t join(uint32_t token, uint64_t extra) {
+  if (token < 16) return token;
+  const uint32_t n = (token - 16) / 4 + 4;
+  const uint64_t top = 4u | ((token - 16) & 3u);
+  return (top << (n - 2)) | extra;
+}
+
+// Highest token a value of `width` bytes can produce (its symbols are < 2^(8*width)).
+uint32_t value_token_limit(uint32_t width) { return split(width_mask(width)).token + 1; }
+
+// ---- raw bits, LSB first --------------------------------------------------------------------
+
+// Writes into a buffer the caller sized for the worst case (<= 96 bits per change).
+class BitWriter {
+ public:
+  explicit BitWriter(uint8_t* out) : begin_(out), ptr_(out) {}
+  void put(uint64_t v, uint32_t n) {  // n <= 64
+    if (n > 32) {
+      put32(static_cast<uint32_t>(v), 32);
+      put32(static_cast<uint32_t>(v >> 32), n - 32);
+    } else {
+      put32(static_cast<uint32_t>(v), n);
+    }
+  }
+  // Flushes the last partial bytes; returns the bytes written.
+  size_t finish() {
+    while (count_ > 0) {
+      *ptr_++ = static_cast<uint8_t>(acc_);
+      acc_ >>= 8;
+      count_ = count_ > 8 ? count_ - 8 : 0;
+    }
+    return static_cast<size_t>(ptr_ - begin_);
+  }
+
+ private:
+  void put32(uint32_t v, uint32_t n) {
+    acc_ |= static_cast<uint64_t>(v & (n == 32 ? 0xFFFFFFFFu : (1u << n) - 1)) << count_;
+    count_ += n;
+    if (count_ >= 32) {
+      store_le<uint32_t>(ptr_, static_cast<uint32_t>(acc_));
+      ptr_ += 4;
+      acc_ >>= 32;
+      count_ -= 32;
+    }
+  }
+  uint8_t* begin_;
+  uint8_t* ptr_;
+  uint64_t acc_ = 0;
+  uint32_t count_ = 0;
+};
+
+class BitReader {
+ public:
+  BitReader(const uint8_t* begin, const uint8_t* end) : ptr_(begin), end_(end) {}
+  uint64_t get(uint32_t n) {  // n <= 64
+    if (n > 32) {
+      const uint64_t low = get32(32);
+      return low | (static_cast<uint64_t>(get32(n - 32)) << 32);
+    }
+    return get32(n);
+  }
+  // True when everything was consumed except < 8 zero padding bits.
+  bool exhausted_cleanly() const { return ptr_ == end_ && count_ < 8 && acc_ == 0; }
+
+ private:
+  uint32_t get32(uint32_t n) {
+    if (n == 0) return 0;
+    if (count_ < n) {
+      if (end_ - ptr_ >= 8) {
+        // Take whole bytes while they fit in the accumulator.
+        while (count_ <= 56) {
+          acc_ |= static_cast<uint64_t>(*ptr_++) << count_;
+          count_ += 8;
+        }
+      } else {
+        while (count_ <= 56 && ptr_ < end_) {
+          acc_ |= static_cast<uint64_t>(*ptr_++) << count_;
+          count_ += 8;
+        }
+        if (count_ < n) throw BlockError("raw bit stream truncated");
+      }
+    }
+    const uint32_t v = static_cast<uint32_t>(acc_ & (n == 32 ? 0xFFFFFFFFull : (uint64_t{1} << n) - 1));
+    acc_ >>= n;
+    count_ -= n;
+    return v;
+  }
+  const uint8_t* ptr_;
+  const uint8_t* end_;
+  uint64_t acc_ = 0;
+  uint32_t count_ = 0;
+};
+
+// ---- varints (tables only) ------------------------------------------------------------------
+
+void put_varint(std::vector<uint8_t>& out, uint32_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<uint8_t>(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<uint8_t>(v));
+}
+
+uint32_t get_varint(const uint8_t*& p, const uint8_t* end) {
+  uint32_t v = 0;
+  for (uint32_t shift = 0; shift < 35; shift += 7) {
+    if (p == end) throw BlockError("frequency table truncated");
+    const uint8_t b = *p++;
+    v |= static_cast<uint32_t>(b & 0x7F) << shift;
+    if (!(b & 0x80)) return v;
+  }
+  throw BlockError("frequency table has an overlong number");
+}
+
+// ---- static rANS tables ---------------------------------------------------------------------
+
+struct Model {
+  uint32_t num_symbols = 0;  // table covers tokens [0, num_symbols)
+  std::array<uint32_t, kGapTokens> freq{};
+  std::array<uint32_t, kGapTokens> start{};
+};
+
+// Decoder view of a table: for every slot, symbol | (freq - 1) << 8 | start << 20.
+using SlotTable = std::array<uint32_t, kScale>;
+
+// Quantizes a histogram to frequencies summing to kScale, every used symbol >= 1. Deterministic
+// (integer arithmetic only) so that every implementation produces the same table.
+void normalize(const std::array<uint32_t, kGapTokens>& counts, uint32_t limit, Model& m) {
+  uint64_t total = 0;
+  m.num_symbols = 0;
+  for (uint32_t s = 0; s < limit; ++s) {
+    total += counts[s];
+    if (counts[s]) m.num_symbols = s + 1;
+  }
+  m.freq.fill(0);
+  if (total == 0) return;
+  int64_t sum = 0;
+  uint32_t largest = 0;
+  for (uint32_t s = 0; s < m.num_symbols; ++s) {
+    if (!counts[s]) continue;
+    const uint64_t f = (uint64_t{counts[s]} * kScale + total / 2) / total;
+    m.freq[s] = static_cast<uint32_t>(std::max<uint64_t>(f, 1));
+    sum += m.freq[s];
+    if (m.freq[s] > m.freq[largest]) largest = s;
+  }
+  if (sum < kScale) {
+    m.freq[largest] += static_cast<uint32_t>(kScale - sum);
+  } else {
+    // Take the excess from the largest frequencies first, one unit at a time, never below 1.
+    while (sum > kScale) {
+      uint32_t best = 0;
+      for (uint32_t s = 0; s < m.num_symbols; ++s)
+        if (m.freq[s] > m.freq[best]) best = s;
+      const uint32_t take = static_cast<uint32_t>(std::min<int64_t>(sum - kScale, m.freq[best] / 2));
+      m.freq[best] -= std::max<uint32_t>(take, 1);
+      sum -= std::max<uint32_t>(take, 1);
+    }
+  }
+  uint32_t acc = 0;
+  for (uint32_t s = 0; s < m.num_symbols; ++s) {
+    m.start[s] = acc;
+    acc += m.freq[s];
+  }
+}
+
+void write_model(const Model& m, std::vector<uint8_t>& out) {
+  put_varint(out, m.num_symbols);
+  for (uint32_t s = 0; s < m.num_symbols; ++s) put_varint(out, m.freq[s]);
+}
+
+// Reads a table and builds the slot -> symbol lookup. `required`: the block has symbols of this
+// kind, so the table must not be empty.
+void read_model(const uint8_t*& p, const uint8_t* end, uint32_t limit, bool required, Model& m,
+                SlotTable& table, const char* kind) {
+  m.num_symbols = get_varint(p, end);
+  if (m.num_symbols > limit)
+    throw BlockError(std::string(kind) + " table has " + std::to_string(m.num_symbols) + " symbols (at most " +
+                     std::to_string(limit) + ")");
+  if (m.num_symbols == 0) {
+    if (required) throw BlockError(std::string(kind) + " table is empty");
+    return;
+  }
+  uint32_t acc = 0;
+  for (uint32_t s = 0; s < m.num_symbols; ++s) {
+    const uint32_t f = get_varint(p, end);
+    if (f > kScale - acc) throw BlockError(std::string(kind) + " table frequencies exceed the scale");
+    m.freq[s] = f;
+    m.start[s] = acc;
+    if (f > 0) std::fill(table.begin() + acc, table.begin() + acc + f, s | (f - 1) << 8 | acc << 20);
+    acc += f;
+  }
+  if (acc != kScale) throw BlockError(std::string(kind) + " table frequencies do not sum to the scale");
+}
+
+// Encoder view of one symbol: division by the frequency replaced by a multiply with a
+// precomputed reciprocal (exact for states below 2^31, which the byte-wise renormalization
+// guarantees), as in the classic "rans_byte" formulation.
+struct EncSymbol {
+  uint32_t x_max = 0;     // renormalize while x >= x_max
+  uint32_t rcp_freq = 0;  // ceil(2^(shift+31) / freq)
+  uint32_t bias = 0;
+  uint32_t cmpl_freq = 0;  // kScale - freq
+  uint32_t rcp_shift = 0;
+};
+
+EncSymbol enc_symbol(uint32_t start, uint32_t freq) {
+  EncSymbol e;
+  e.x_max = ((kRansLow >> kScaleBits) << 8) * freq;
+  e.cmpl_freq = kScale - freq;
+  if (freq < 2) {
+    // q = x·(2^32-1) >> 32 = x - 1, and x + (start + kScale - 1) + (x - 1)(kScale - 1) = x·kScale + start.
+    e.rcp_freq = ~0u;
+    e.rcp_shift = 0;
+    e.bias = start + kScale - 1;
+  } else {
+    uint32_t shift = 0;
+    while (freq > (1u << shift)) ++shift;
+    e.rcp_freq = static_cast<uint32_t>(((uint64_t{1} << (shift + 31)) + freq - 1) / freq);
+    e.rcp_shift = shift - 1;
+    e.bias = start;
+  }
+  return e;
+}
+
+inline void rans_put(uint32_t& x, uint8_t*& ptr, const EncSymbol& e) {
+  while (x >= e.x_max) {
+    *--ptr = static_cast<uint8_t>(x);
+    x >>= 8;
+  }
+  const uint32_t q = static_cast<uint32_t>((static_cast<uint64_t>(x) * e.rcp_freq) >> 32) >> e.rcp_shift;
+  x += e.bias + q * e.cmpl_freq;
+}
+
+// Four rANS states ("lanes") share one byte stream: change i codes its gap token with lane
+// 0 (i even) or 2 (i odd) and its value token with lane 1 (i even) or 3 (i odd). Their
+// dependency chains are independent, so the CPU overlaps them instead of waiting on one long
+// chain. The stream starts with the four final encoder states (lane 0 first, 4 bytes each, LE).
+class RansReader {
+ public:
+  RansReader(const uint8_t* begin, const uint8_t* end) : ptr_(begin), end_(end) {
+    if (end - begin < 4 * kLanes) throw BlockError("rANS stream truncated");
+    for (int lane = 0; lane < kLanes; ++lane) {
+      x_[lane] = load_le<uint32_t>(ptr_);
+      ptr_ += 4;
+      if (x_[lane] < kRansLow || x_[lane] >= (kRansLow << 8)) throw BlockError("rANS stream has an invalid initial state");
+    }
+  }
+  template <int Lane>
+  uint32_t get(const SlotTable& table) {
+    uint32_t x = x_[Lane];
+    const uint32_t slot = x & (kScale - 1);
+    const uint32_t e = table[slot];
+    x = (((e >> 8) & 0xFFF) + 1) * (x >> kScaleBits) + slot - (e >> 20);
+    while (x < kRansLow) {
+      if (ptr_ == end_) throw BlockError("rANS stream truncated");
+      x = (x << 8) | *ptr_++;
+    }
+    x_[Lane] = x;
+    return e & 0xFF;
+  }
+  // The encoder starts both lanes from kRansLow, so a complete, untampered stream ends there.
+  bool finished_cleanly() const {
+    return ptr_ == end_ && x_[0] == kRansLow && x_[1] == kRansLow && x_[2] == kRansLow && x_[3] == kRansLow;
+  }
+
+ private:
+  const uint8_t* ptr_;
+  const uint8_t* end_;
+  uint32_t x_[kLanes];
+};
+
+}  // namespace
+
+void write_header(const IndexHeader& h, uint8_t* out) {
+  store_le(out, h.changed);
+  store_le(out + 8, h.payload_bytes);
+  store_le(out + 16, h.block_elements);
+  store_le(out + 20, h.num_blocks);
+}
+
+IndexHeader read_header(const uint8_t* in) {
+  return IndexHeader{load_le<uint64_t>(in), load_le<uint64_t>(in + 8), load_le<uint32_t>(in + 16),
+                     load_le<uint32_t>(in + 20)};
+}
+
+void write_record(const BlockRecord& r, uint8_t* out) {
+  store_le(out, r.first_position);
+  store_le(out + 8, r.payload_offset);
+  store_le(out + 16, r.count);
+  store_le(out + 20, r.table_bytes);
+  store_le(out + 24, r.rans_bytes);
+  store_le(out + 28, r.bits_bytes);
+}
+
+BlockRecord read_record(const uint8_t* in) {
+  return BlockRecord{load_le<uint64_t>(in),      load_le<uint64_t>(in + 8),  load_le<uint32_t>(in + 16),
+                     load_le<uint32_t>(in + 20), load_le<uint32_t>(in + 24), load_le<uint32_t>(in + 28)};
+}
+
+namespace {
+
+template <uint32_t W>
+inline uint32_t load_w(const uint8_t* p) {
+  if constexpr (W == 1) {
+    return p[0];
+  } else if constexpr (W == 2) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+  } else {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+}
+
+template <uint32_t W>
+inline void store_w(uint8_t* p, uint32_t v) {
+  if constexpr (W == 1) {
+    p[0] = static_cast<uint8_t>(v);
+  } else if constexpr (W == 2) {
+    const uint16_t h = static_cast<uint16_t>(v);
+    std::memcpy(p, &h, 2);
+  } else {
+    std::memcpy(p, &v, 4);
+  }
+}
+
+template <uint32_t W>
+void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uint8_t* base_bits, uint32_t count,
+                    std::vector<uint8_t>& out, BlockRecord& record) {
+  // Scratch reused across blocks; raw pointers taken once, because stores through uint8_t*
+  // may alias anything and would otherwise force reloads of the vectors' fields every element.
+  thread_local std::vector<uint8_t> token_buffer, bits_buffer, rans_buffer;
+  if (token_buffer.size() < size_t{count} * 2) token_buffer.resize(size_t{count} * 2);
+  if (bits_buffer.size() < size_t{count} * 12 + 16) bits_buffer.resize(size_t{count} * 12 + 16);
+  if (rans_buffer.size() < size_t{count} * 4 + 16) rans_buffer.resize(size_t{count} * 4 + 16);
+  uint8_t* const gap_tokens = token_buffer.data();
+  uint8_t* const value_tokens = token_buffer.data() + count;
+
+  // Pass 1 (decode order): tokens, histograms, raw bits. Four histograms per kind, used in
+  // turn: consecutive tokens are usually equal (±1 ulp), and incrementing one counter back to
+  // back would serialize on store-to-load forwarding.
+  std::array<std::array<uint32_t, kGapTokens>, 4> gap_hist{}, value_hist{};
+  BitWriter writer(bits_buffer.data());
+  for (uint32_t i = 0; i < count; ++i) {
+    if (i > 0) {
+      const Split g = split(static_cast<uint64_t>(positions[i] - positions[i - 1] - 1));
+      gap_tokens[i] = static_cast<uint8_t>(g.token);
+      ++gap_hist[i & 3][g.token];
+      writer.put(g.extra, g.extra_bits);
+    }
+    const uint32_t sym = value_symbol(load_w<W>(new_bits + size_t{i} * W), load_w<W>(base_bits + size_t{i} * W), W);
+    const Split v = split(sym);
+    value_tokens[i] = static_cast<uint8_t>(v.token);
+    ++value_hist[i & 3][v.token];
+    writer.put(v.extra, v.extra_bits);
+  }
+  std::array<uint32_t, kGapTokens> gap_counts{}, value_counts{};
+  for (uint32_t t = 0; t < kGapTokens; ++t) {
+    gap_counts[t] = gap_hist[0][t] + gap_hist[1][t] + gap_hist[2][t] + gap_hist[3][t];
+    value_counts[t] = value_hist[0][t] + value_hist[1][t] + value_hist[2][t] + value_hist[3][t];
+  }
+  const size_t bits_bytes = writer.finish();
+
+  Model gap_model, value_model;
+  normalize(gap_counts, kGapTokens, gap_model);
+  normalize(value_counts, value_token_limit(W), value_model);
+  const size_t before_tables = out.size();
+  write_model(gap_model, out);
+  write_model(value_model, out);
+  record.table_bytes = static_cast<uint32_t>(out.size() - before_tables);
+  std::array<EncSymbol, kGapTokens> gap_enc, value_enc;
+  for (uint32_t s = 0; s < gap_model.num_symbols; ++s) gap_enc[s] = enc_symbol(gap_model.start[s], gap_model.freq[s]);
+  for (uint32_t s = 0; s < value_model.num_symbols; ++s)
+    value_enc[s] = enc_symbol(value_model.start[s], value_model.freq[s]);
+
+  // Pass 2: rANS in reverse decode order, written backwards (<= 2 bytes per symbol + states).
+  uint8_t* const end = rans_buffer.data() + size_t{count} * 4 + 16;
+  uint8_t* ptr = end;
+  uint32_t x0 = kRansLow, x1 = kRansLow, x2 = kRansLow, x3 = kRansLow;
+  for (uint32_t i = count; i-- > 0;) {
+    if (i & 1) {
+      rans_put(x3, ptr, value_enc[value_tokens[i]]);
+      rans_put(x2, ptr, gap_enc[gap_tokens[i]]);
+    } else {
+      rans_put(x1, ptr, value_enc[value_tokens[i]]);
+      if (i > 0) rans_put(x0, ptr, gap_enc[gap_tokens[i]]);
+    }
+  }
+  for (const uint32_t x : {x3, x2, x1, x0}) {
+    ptr -= 4;
+    store_le<uint32_t>(ptr, x);
+  }
+  record.rans_bytes = static_cast<uint32_t>(end - ptr);
+  record.bits_bytes = static_cast<uint32_t>(bits_bytes);
+  out.insert(out.end(), ptr, end);
+  out.insert(out.end(), bits_buffer.data(), bits_buffer.data() + bits_bytes);
+}
+
+template <uint32_t W>
+void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base, uint64_t numel,
+                    int64_t* positions, uint8_t* new_bits, uint8_t* base_bits) {
+  const uint32_t count = record.count;
+  const uint8_t* p = payload.data();
+  const uint8_t* const tables_end = p + record.table_bytes;
+  Model gap_model, value_model;
+  thread_local SlotTable gap_table, value_table;
+  read_model(p, tables_end, kGapTokens, count > 1, gap_model, gap_table, "gap");
+  read_model(p, tables_end, value_token_limit(W), true, value_model, value_table, "value");
+  if (p != tables_end) throw BlockError("frequency tables have trailing bytes");
+
+  const uint8_t* const rans_end = tables_end + record.rans_bytes;
+  RansReader rans(tables_end, rans_end);
+  BitReader raw(rans_end, rans_end + record.bits_bytes);
+
+  // Pass 1: the entropy-coded streams -> positions (validated) and value symbols.
+  thread_local std::vector<uint32_t> symbol_buffer;
+  if (symbol_buffer.size() < count) symbol_buffer.resize(count);
+  uint32_t* const symbols = symbol_buffer.data();
+  uint64_t position = record.first_position;
+  positions[0] = static_cast<int64_t>(position);
+  {
+    const uint32_t vt = rans.get<1>(value_table);
+    symbols[0] = vt < 16 ? vt : static_cast<uint32_t>(join(vt, raw.get(extra_bits_of(vt))));
+  }
+  for (uint32_t i = 1; i < count; ++i) {
+    const uint32_t gt = (i & 1) ? rans.get<2>(gap_table) : rans.get<0>(gap_table);
+    const uint64_t gap = gt < 16 ? gt : join(gt, raw.get(extra_bits_of(gt)));
+    // position + 1 + gap < numel, written so that nothing can overflow.
+    if (gap >= numel - position - 1)
+      throw BlockError("gap after position " + std::to_string(position) + " leads outside the tensor (" +
+                       std::to_string(numel) + " elements)");
+    position += gap + 1;
+    positions[i] = static_cast<int64_t>(position);
+    const uint32_t vt = (i & 1) ? rans.get<3>(value_table) : rans.get<1>(value_table);
+    symbols[i] = vt < 16 ? vt : static_cast<uint32_t>(join(vt, raw.get(extra_bits_of(vt))));
+  }
+  // Pass 2: gather the base bits. Separate from pass 1 because these reads miss the cache (one
+  // new line per change at ~1% density); with the positions known they are independent, so
+  // they overlap each other instead of each stalling the serial rANS chain.
+  constexpr uint32_t kPrefetchDistance = 48;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (i + kPrefetchDistance < count)
+      __builtin_prefetch(base + static_cast<uint64_t>(positions[i + kPrefetchDistance]) * W);
+    const uint32_t old_bits = load_w<W>(base + static_cast<uint64_t>(positions[i]) * W);
+    store_w<W>(base_bits + size_t{i} * W, old_bits);
+    store_w<W>(new_bits + size_t{i} * W, apply_value_symbol(symbols[i], old_bits, W));
+  }
+  if (!rans.finished_cleanly()) throw BlockError("rANS stream has trailing bytes or a bad final state");
+  if (!raw.exhausted_cleanly()) throw BlockError("raw bit stream has trailing bytes");
+}
+
+}  // namespace
+
+BlockRecord encode_block(const int64_t* positions, const uint8_t* new_bits, const uint8_t* base_bits,
+                         uint32_t count, uint32_t width, std::vector<uint8_t>& out) {
+  BlockRecord record;
+  record.first_position = static_cast<uint64_t>(positions[0]);
+  record.payload_offset = out.size();
+  record.count = count;
+  switch (width) {
+    case 1: encode_block_w<1>(positions, new_bits, base_bits, count, out, record); break;
+    case 2: encode_block_w<2>(positions, new_bits, base_bits, count, out, record); break;
+    case 4: encode_block_w<4>(positions, new_bits, base_bits, count, out, record); break;
+    default: throw BlockError("unsupported element width " + std::to_string(width));
+  }
+  return record;
+}
+
+void decode_block(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base,
+                  uint64_t numel, uint32_t width, int64_t* positions, uint8_t* new_bits, uint8_t* base_bits) {
+  if (record.count == 0) throw BlockError("block has no changes");
+  if (record.first_position >= numel)
+    throw BlockError("first position " + std::to_string(record.first_position) + " is outside the tensor (" +
+                     std::to_string(numel) + " elements)");
+  switch (width) {
+    case 1: decode_block_w<1>(record, payload, base, numel, positions, new_bits, base_bits); break;
+    case 2: decode_block_w<2>(record, payload, base, numel, positions, new_bits, base_bits); break;
+    case 4: decode_block_w<4>(record, payload, base, numel, positions, new_bits, base_bits); break;
+    default: throw BlockError("unsupported element width " + std::to_string(width));
+  }
+}
+
+}  // namespace deltasync::compact::detail

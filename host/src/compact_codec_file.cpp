@@ -1,0 +1,183 @@
+// The compact format inside a safetensors container: NAME.cindex / NAME.cdata U8 tensors plus
+// the metadata the interoperable layout has (so `inspect` reads both) and the codec's own keys.
+#include <algorithm>
+#include <charconv>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "deltasync/compact_codec.hpp"
+#include "deltasync/error.hpp"
+
+namespace deltasync::compact {
+namespace {
+
+// Keys with a typed field in DeltaInfo, and keys derived from the data (as in delta_file.cpp).
+constexpr std::string_view kTypedKeys[] = {"sparse", "format", "model_version", "base_version"};
+constexpr std::string_view kDerivedKeys[] = {"sparsity",       "changed_params",         "total_elements",
+                                             "total_changed_elements", "tensor_shapes", "compact_version",
+                                             "compact_block_elements"};
+
+bool is_one_of(std::string_view key, std::span<const std::string_view> keys) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+// 1 - changed/total, shortest round-trip decimal, "1.0" rather than "1" (Python reads a float).
+std::string sparsity_text(uint64_t changed, uint64_t total) {
+  const double sparsity = total == 0 ? 1.0 : 1.0 - static_cast<double>(changed) / static_cast<double>(total);
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, sparsity);
+  std::string text(buffer, result.ptr);
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";
+  return text;
+}
+
+struct Container {
+  std::vector<EncodedTensor> encoded;
+  std::vector<st::WriteTensor> tensors;
+  st::Metadata metadata;
+};
+
+Container build(std::span<const TensorMeta> tensors, const DeltaView& delta, const DeltaInfo& info,
+                const Options& options) {
+  Container c;
+  c.encoded = encode(tensors, delta, options);
+  for (const EncodedTensor& e : c.encoded) {
+    c.tensors.push_back({e.name + std::string(kIndexSuffix), DType::U8, {e.block_index.size()}, e.block_index});
+    c.tensors.push_back({e.name + std::string(kDataSuffix), DType::U8, {e.payload.size()}, e.payload});
+  }
+  uint64_t total = 0;
+  nlohmann::ordered_json shapes = nlohmann::ordered_json::object();
+  for (const TensorMeta& t : tensors) {
+    total += t.numel();
+    shapes[t.name] = nlohmann::ordered_json{{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}};
+  }
+  nlohmann::json changed = nlohmann::json::array();
+  for (const EncodedTensor& e : c.encoded) changed.push_back(e.name);
+  const uint64_t total_changed = delta.total_changed();
+
+  // Same rules as the interoperable writer: typed keys come from DeltaInfo's fields, derived
+  // keys are recomputed here.
+  for (const auto& [key, value] : info.extra) {
+    if (is_one_of(key, kTypedKeys))
+      throw Error("compact: metadata key \"" + key + "\" comes from DeltaInfo's fields; remove it from extra");
+    if (!is_one_of(key, kDerivedKeys)) c.metadata[key] = value;
+  }
+  c.metadata["sparse"] = "True";
+  c.metadata["format"] = "compact";
+  c.metadata["compact_version"] = std::to_string(kFormatVersion);
+  c.metadata["compact_block_elements"] = std::to_string(options.block_elements);
+  c.metadata["model_version"] = std::to_string(info.model_version);
+  if (info.base_version) c.metadata["base_version"] = std::to_string(*info.base_version);
+  c.metadata["sparsity"] = sparsity_text(total_changed, total);
+  c.metadata["changed_params"] = changed.dump();
+  c.metadata["total_elements"] = std::to_string(total);
+  c.metadata["total_changed_elements"] = std::to_string(total_changed);
+  c.metadata["tensor_shapes"] = shapes.dump();
+  return c;
+}
+
+uint64_t parse_u64(const st::File& file, const std::string& key, const std::string& text) {
+  if (text.empty() || text.size() > 20 || text.find_first_not_of("0123456789") != std::string::npos)
+    throw Error(file.label() + ": metadata " + key + " is not a non-negative integer: '" + text + "'");
+  try {
+    return std::stoull(text);
+  } catch (const std::exception&) {
+    throw Error(file.label() + ": metadata " + key + " is out of range: '" + text + "'");
+  }
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors, const DeltaView& delta,
+                                             const DeltaInfo& info, const Options& options) {
+  const Container c = build(tensors, delta, info, options);
+  return st::serialize(c.tensors, c.metadata);
+}
+
+void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
+                         const DeltaInfo& info, const Options& options) {
+  const Container c = build(tensors, delta, info, options);
+  st::write_file(path, c.tensors, c.metadata);
+}
+
+bool is_compact_delta(const st::File& file) {
+  const auto it = file.metadata().find("format");
+  return it != file.metadata().end() && it->second == "compact";
+}
+
+std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const TensorMeta> base_meta,
+                                           std::span<const ConstTensorRef> base, DecodedDelta& out,
+                                           const Options& options) {
+  const std::string& label = file.label();
+  const st::Metadata& md = file.metadata();
+  if (!is_compact_delta(file)) throw Error(label + ": not a compact delta (metadata format is not \"compact\")");
+  const auto version = md.find("compact_version");
+  if (version == md.end() || version->second != std::to_string(kFormatVersion))
+    throw Error(label + ": unsupported compact_version '" + (version == md.end() ? "" : version->second) +
+                "' (this build reads " + std::to_string(kFormatVersion) + ")");
+
+  out.info = DeltaInfo{};
+  for (const auto& [key, value] : md) {
+    if (key == "model_version") {
+      out.info.model_version = parse_u64(file, key, value);
+    } else if (key == "base_version") {
+      out.info.base_version = parse_u64(file, key, value);
+    } else if (!is_one_of(key, kTypedKeys)) {
+      out.info.extra[key] = value;
+    }
+  }
+
+  // Pair NAME.cindex with NAME.cdata, in file order of the index tensors.
+  std::vector<EncodedTensorView> views;
+  std::vector<std::string> names;
+  for (const st::TensorInfo& t : file.tensors()) {
+    if (t.dtype != DType::U8 || t.shape.size() != 1)
+      throw Error(label + ": tensor " + t.name + " is not a 1-D U8 tensor");
+    if (ends_with(t.name, kDataSuffix)) {
+      const std::string name = t.name.substr(0, t.name.size() - kDataSuffix.size());
+      if (!file.find(name + std::string(kIndexSuffix)))
+        throw Error(label + ": tensor " + t.name + " has no " + name + std::string(kIndexSuffix));
+      continue;
+    }
+    if (!ends_with(t.name, kIndexSuffix))
+      throw Error(label + ": tensor " + t.name + " is neither a " + std::string(kIndexSuffix) + " nor a " +
+                  std::string(kDataSuffix) + " tensor");
+    names.push_back(t.name.substr(0, t.name.size() - kIndexSuffix.size()));
+    const st::TensorInfo* data = file.find(names.back() + std::string(kDataSuffix));
+    if (!data) throw Error(label + ": tensor " + t.name + " has no " + names.back() + std::string(kDataSuffix));
+    views.push_back({{}, file.bytes(t), file.bytes(*data)});
+  }
+  for (size_t i = 0; i < views.size(); ++i) views[i].name = names[i];
+
+  // The recorded dtype and shape must be the base's: a delta for another model is refused here.
+  const auto shapes_it = md.find("tensor_shapes");
+  if (shapes_it != md.end()) {
+    const nlohmann::json shapes = nlohmann::json::parse(shapes_it->second, nullptr, false);
+    if (!shapes.is_object()) throw Error(label + ": metadata tensor_shapes is not a JSON object");
+    for (const TensorMeta& m : base_meta) {
+      const auto it = shapes.find(m.name);
+      if (it == shapes.end()) continue;
+      const nlohmann::json expected{{"dtype", std::string(dtype_name(m.dtype))}, {"shape", m.shape}};
+      if (*it != expected)
+        throw Error(label + ": tensor " + m.name + " is recorded as " + it->dump() + ", the base has " +
+                    expected.dump());
+    }
+  }
+
+  decode(views, base_meta, base, label, out, options);
+
+  const auto total_it = md.find("total_changed_elements");
+  if (total_it != md.end()) {
+    const uint64_t recorded = parse_u64(file, "total_changed_elements", total_it->second);
+    if (recorded != out.storage.offsets.back())
+      throw Error(label + ": metadata total_changed_elements is " + total_it->second + ", the blocks hold " +
+                  std::to_string(out.storage.offsets.back()));
+  }
+  return out.patches(base_meta);
+}
+
+}  // namespace deltasync::compact

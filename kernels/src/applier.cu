@@ -1,0 +1,160 @@
+// Host dispatch of the apply pipeline (see apply_kernels.cuh): checks what the host can see,
+// fills the patch table in pinned memory, copies it to the device in one transfer and queues
+// validate + finalize + scatter. The table buffers are reused across calls and only grow.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "apply_kernels.cuh"
+#include "deltasync/cuda/engine.hpp"
+#include "deltasync/error.hpp"
+#include "device_buffers.cuh"
+#include "nvtx_ranges.cuh"
+
+namespace deltasync::cuda {
+
+using detail::DeviceArray;
+using detail::PatchTableHeader;
+using detail::PatchTableLayout;
+using detail::PatchTarget;
+using detail::PinnedArray;
+
+struct Applier::State {
+  int sm_count = 1;
+  PinnedArray<uint8_t> table_host;
+  DeviceArray<uint8_t> table_device;
+  DeviceArray<ApplyStatus> status_device;
+  PinnedArray<ApplyStatus> status_host;
+  // Recorded after the table upload: the pinned table must not be rewritten before the copy
+  // of the previous call has read it.
+  cudaEvent_t upload_done = nullptr;
+  bool upload_pending = false;
+};
+
+namespace {
+
+// The header checks of cpu::validate, in its order. Returns the first tensor whose values have
+// the wrong width (reported through the status, like index errors), or -1; throws for the
+// errors that are the caller's bug rather than a bad delta.
+int64_t check_patch_headers(std::span<const TensorRef> targets, std::span<const PatchRef> patches) {
+  if (targets.size() != patches.size())
+    throw Error("apply: " + std::to_string(patches.size()) + " patches for " + std::to_string(targets.size()) +
+                " tensors");
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const std::string name(targets[t].name);
+    const uint32_t width = targets[t].width;
+    if (width != 1 && width != 2 && width != 4)
+      throw Error("tensor " + name + ": element width " + std::to_string(width) + " is not 1, 2 or 4 bytes");
+    const PatchRef& p = patches[t];
+    if (p.count == 0) continue;
+    if (p.value_width != width) return static_cast<int64_t>(t);
+    if (p.index_width != 4 && p.index_width != 8)
+      throw Error("tensor " + name + ": index width " + std::to_string(p.index_width) + " is not 4 or 8 bytes");
+    if (p.count > targets[t].numel)
+      throw Error("tensor " + name + ": " + std::to_string(p.count) + " changes for " +
+                  std::to_string(targets[t].numel) + " elements");
+    if (targets[t].data == nullptr || p.indices == nullptr || p.values == nullptr)
+      throw Error("tensor " + name + ": null device pointer");
+    if (reinterpret_cast<uintptr_t>(targets[t].data) % width != 0 ||
+        reinterpret_cast<uintptr_t>(p.indices) % p.index_width != 0)
+      throw Error("tensor " + name + ": misaligned device pointer");
+  }
+  return -1;
+}
+
+}  // namespace
+
+Applier::Applier() : state_(new State) {
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess)
+    cudaDeviceGetAttribute(&state_->sm_count, cudaDevAttrMultiProcessorCount, device);
+  cudaGetLastError();  // a failed query must not leave a sticky error for the caller
+  if (state_->sm_count <= 0) state_->sm_count = 1;
+}
+
+Applier::~Applier() {
+  if (state_->upload_done != nullptr) cudaEventDestroy(state_->upload_done);
+  delete state_;
+}
+
+cudaError_t Applier::apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                           cudaStream_t stream) {
+  detail::scoped_range range{"apply"};
+  const int64_t width_mismatch = check_patch_headers(targets, patches);
+  State& s = *state_;
+
+  if (s.upload_done == nullptr) {
+    cudaError_t err = cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming);
+    if (err != cudaSuccess) return err;
+  }
+  if (s.status_host.data() == nullptr) {
+    cudaError_t err = s.status_host.reserve(1);
+    if (err != cudaSuccess) return err;
+    *s.status_host.data() = ApplyStatus{};
+  }
+  if (s.upload_pending) {
+    cudaError_t err = cudaEventSynchronize(s.upload_done);  // normally long complete
+    if (err != cudaSuccess) return err;
+    s.upload_pending = false;
+  }
+
+  const uint64_t num_patches = patches.size();
+  const PatchTableLayout layout = PatchTableLayout::for_patches(num_patches);
+  for (cudaError_t err : {s.table_host.reserve(layout.total_bytes), s.table_device.reserve(layout.total_bytes),
+                          s.status_device.reserve(1)}) {
+    if (err != cudaSuccess) return err;
+  }
+
+  uint8_t* host = s.table_host.data();
+  auto* prefix = reinterpret_cast<uint64_t*>(host + layout.prefix_offset);
+  auto* descriptors = reinterpret_cast<PatchTarget*>(host + layout.patches_offset);
+  uint64_t total = 0;
+  for (uint64_t t = 0; t < num_patches; ++t) {
+    const PatchRef& p = patches[t];
+    prefix[t] = total;
+    // With a width mismatch nothing is validated or written, so the table only needs to exist.
+    descriptors[t] = PatchTarget{static_cast<uint8_t*>(targets[t].data), targets[t].numel, p.indices,
+                                 static_cast<const uint8_t*>(p.values), targets[t].width, p.index_width};
+    total += p.count;
+  }
+  prefix[num_patches] = total;
+  PatchTableHeader header{};
+  header.num_patches = num_patches;
+  header.total_elements = total;
+  header.width_mismatch_tensor = width_mismatch;
+  header.width_mismatch_value_width = width_mismatch >= 0 ? patches[width_mismatch].value_width : 0;
+  header.first_bad_element = detail::kNoBadElement;
+  header.failed = 0;
+  std::memcpy(host, &header, sizeof header);
+
+  cudaError_t err = cudaMemcpyAsync(s.table_device.data(), host, layout.total_bytes, cudaMemcpyHostToDevice, stream);
+  if (err != cudaSuccess) return err;
+  err = cudaEventRecord(s.upload_done, stream);
+  if (err != cudaSuccess) return err;
+  s.upload_pending = true;
+
+  uint8_t* device = s.table_device.data();
+  const detail::PatchTableView view{reinterpret_cast<PatchTableHeader*>(device),
+                                    reinterpret_cast<const uint64_t*>(device + layout.prefix_offset),
+                                    reinterpret_cast<const PatchTarget*>(device + layout.patches_offset)};
+  // Nothing to validate or scatter after a width mismatch: finalize alone reports it.
+  err = detail::validate_and_scatter(view, width_mismatch >= 0 ? 0 : total, s.status_device.data(), s.sm_count,
+                                     stream);
+  if (err != cudaSuccess) return err;
+  return cudaMemcpyAsync(s.status_host.data(), s.status_device.data(), sizeof(ApplyStatus), cudaMemcpyDeviceToHost,
+                         stream);
+}
+
+ApplyStatus Applier::status() const {
+  return state_->status_host.data() == nullptr ? ApplyStatus{} : *state_->status_host.data();
+}
+
+void Applier::apply_checked(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                            cudaStream_t stream) {
+  check(apply(targets, patches, stream), "apply");
+  check(cudaStreamSynchronize(stream), "apply: synchronize");
+  const ApplyStatus result = status();
+  if (result.bad_tensor >= 0) throw Error(describe(result, targets));
+}
+
+}  // namespace deltasync::cuda

@@ -1,0 +1,85 @@
+// Growable device and pinned-host arrays for the CUDA backend. Both only ever grow: a step that
+// needs more than any step before frees the old block and allocates the larger one, so a warm
+// encoder or applier performs no cudaMalloc/cudaHostAlloc per step. Contents are NOT preserved
+// across growth (every user rewrites the buffer after growing it).
+//
+// Freeing a block that queued work may still touch is safe because cudaFree and cudaFreeHost
+// synchronize the device before releasing memory; growth is rare, so that implicit sync is
+// accepted (and documented on the public classes).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <utility>
+
+namespace deltasync::cuda::detail {
+
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  ~DeviceArray() { release(); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  // Makes room for at least `count` elements; never shrinks.
+  cudaError_t reserve(size_t count) {
+    if (count <= capacity_) return cudaSuccess;
+    release();
+    void* raw = nullptr;
+    cudaError_t err = cudaMalloc(&raw, count * sizeof(T));
+    if (err != cudaSuccess) return err;
+    data_ = static_cast<T*>(raw);
+    capacity_ = count;
+    return cudaSuccess;
+  }
+
+  T* data() const { return data_; }
+  size_t capacity() const { return capacity_; }
+  size_t bytes() const { return capacity_ * sizeof(T); }
+
+ private:
+  void release() {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+  }
+
+  T* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+template <typename T>
+class PinnedArray {
+ public:
+  PinnedArray() = default;
+  ~PinnedArray() { release(); }
+  PinnedArray(const PinnedArray&) = delete;
+  PinnedArray& operator=(const PinnedArray&) = delete;
+
+  cudaError_t reserve(size_t count) {
+    if (count <= capacity_) return cudaSuccess;
+    release();
+    void* raw = nullptr;
+    cudaError_t err = cudaHostAlloc(&raw, count * sizeof(T), cudaHostAllocDefault);
+    if (err != cudaSuccess) return err;
+    data_ = static_cast<T*>(raw);
+    capacity_ = count;
+    return cudaSuccess;
+  }
+
+  T* data() const { return data_; }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  void release() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+  }
+
+  T* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+}  // namespace deltasync::cuda::detail

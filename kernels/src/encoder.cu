@@ -1,0 +1,311 @@
+// Host dispatch of the encode pipeline (see encode_kernels.cuh for the kernels and their order):
+// owns the per-tensor-set tables, the output buffers and the pinned staging buffers, all reused
+// across steps and grown only when a step needs more.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "deltasync/cuda/engine.hpp"
+#include "deltasync/error.hpp"
+#include "device_buffers.cuh"
+#include "encode_kernels.cuh"
+#include "nvtx_ranges.cuh"
+
+namespace deltasync::cuda {
+
+using detail::DeviceArray;
+using detail::EncodeCounts;
+using detail::EncodeTensor;
+using detail::kChunkElements;
+using detail::PinnedArray;
+
+namespace {
+
+// The first encode allocates room for this many changed elements (or the whole set if smaller):
+// enough for ~1% of a 100M-element model without a rerun, 10 MB of device memory.
+constexpr int64_t kInitialCapacity = int64_t{1} << 20;
+
+#define DELTASYNC_RETURN_IF_ERROR(expr)         \
+  do {                                          \
+    const cudaError_t status_ = (expr);         \
+    if (status_ != cudaSuccess) return status_; \
+  } while (0)
+
+// What identifies a tensor set for the cached device tables (names only appear in messages).
+struct ItemKey {
+  const void* current;
+  const void* shadow;
+  uint64_t numel;
+  uint32_t width;
+  bool operator==(const ItemKey&) const = default;
+};
+
+void check_items(std::span<const EncodeItem> items) {
+  if (items.size() >= uint64_t{1} << 32) throw Error("encode: more than 2^32 tensors");
+  for (const EncodeItem& item : items) {
+    const auto fail = [&](const std::string& reason) {
+      throw Error("tensor " + std::string(item.name) + ": " + reason);
+    };
+    // Same wording as the CPU twin.
+    if (item.width != 1 && item.width != 2 && item.width != 4)
+      fail("element width " + std::to_string(item.width) + " is not 1, 2 or 4 bytes");
+    if (item.numel == 0) continue;
+    if (item.current == nullptr || item.shadow == nullptr) fail("null device pointer");
+    const auto misaligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % item.width != 0; };
+    if (misaligned(item.current) || misaligned(item.shadow))
+      fail("data not aligned to its " + std::to_string(item.width) + "-byte elements");
+  }
+}
+
+}  // namespace
+
+struct Encoder::State {
+  int sm_count = 1;
+
+  // Tables of the current tensor set, rebuilt only when the set changes.
+  std::vector<ItemKey> cached_items;
+  bool have_tables = false;
+  uint64_t num_tensors = 0;
+  uint64_t num_chunks = 0;
+  int64_t num_positions = 0;  // num_chunks * kChunkElements
+  uint64_t total_elements = 0;
+  uint32_t max_width = 1;
+  PinnedArray<uint8_t> table_upload;  // EncodeTensor[T] then uint64_t starts[T + 1]
+  cudaEvent_t upload_done = nullptr;  // recorded after the copy out of table_upload
+  DeviceArray<EncodeTensor> tensors;
+  DeviceArray<uint64_t> starts;
+  DeviceArray<uint32_t> chunk_tensor;
+  DeviceArray<uint8_t> cub_temp;
+  size_t cub_temp_bytes = 0;
+
+  // Outputs, sized by the largest step so far.
+  int64_t capacity = 0;  // changed elements the output buffers can hold
+  DeviceArray<int64_t> indices;  // global positions from the select, local indices after gather
+  DeviceArray<uint8_t> values;
+  DeviceArray<uint8_t> base_values;
+  DeviceArray<uint64_t> offsets;
+  DeviceArray<uint64_t> value_offsets;
+  DeviceArray<EncodeCounts> counts;
+  PinnedArray<EncodeCounts> counts_readback;
+
+  // Result of the last encode.
+  size_t result_tensors = 0;
+  uint64_t result_changed = 0;
+  uint64_t result_value_bytes = 0;
+
+  // Pinned copies made by stage().
+  PinnedArray<uint64_t> staged_offsets;
+  PinnedArray<uint64_t> staged_value_offsets;
+  PinnedArray<int64_t> staged_indices;
+  PinnedArray<uint8_t> staged_values;
+  PinnedArray<uint8_t> staged_base_values;
+  size_t staged_tensors = 0;
+  uint64_t staged_changed = 0;
+  uint64_t staged_value_bytes = 0;
+  bool staged_any = false;
+
+  size_t peak_workspace = 0;
+
+  size_t workspace() const {
+    return tensors.bytes() + starts.bytes() + chunk_tensor.bytes() + cub_temp.bytes() + indices.bytes() +
+           values.bytes() + base_values.bytes() + offsets.bytes() + value_offsets.bytes() + counts.bytes();
+  }
+  void note_workspace() { peak_workspace = std::max(peak_workspace, workspace()); }
+
+  cudaError_t prepare_tables(std::span<const EncodeItem> items, cudaStream_t stream);
+  cudaError_t ensure_capacity(int64_t wanted);
+  cudaError_t run_pipeline(cudaStream_t stream);
+};
+
+cudaError_t Encoder::State::prepare_tables(std::span<const EncodeItem> items, cudaStream_t stream) {
+  std::vector<ItemKey> keys;
+  keys.reserve(items.size());
+  for (const EncodeItem& item : items) keys.push_back({item.current, item.shadow, item.numel, item.width});
+  if (have_tables && keys == cached_items) return cudaSuccess;
+  have_tables = false;
+  // The pinned upload buffer may only be rewritten once the previous copy out of it has run
+  // (normally long ago: every successful encode ends with a synchronization).
+  if (upload_done == nullptr)
+    DELTASYNC_RETURN_IF_ERROR(cudaEventCreateWithFlags(&upload_done, cudaEventDisableTiming));
+  DELTASYNC_RETURN_IF_ERROR(cudaEventSynchronize(upload_done));
+
+  num_tensors = items.size();
+  total_elements = 0;
+  max_width = 1;
+  const size_t tensor_bytes = num_tensors * sizeof(EncodeTensor);
+  DELTASYNC_RETURN_IF_ERROR(table_upload.reserve(tensor_bytes + (num_tensors + 1) * sizeof(uint64_t)));
+  auto* host_tensors = reinterpret_cast<EncodeTensor*>(table_upload.data());
+  auto* host_starts = reinterpret_cast<uint64_t*>(table_upload.data() + tensor_bytes);
+  uint64_t chunk_cursor = 0;
+  for (uint64_t t = 0; t < num_tensors; ++t) {
+    const EncodeItem& item = items[t];
+    host_tensors[t] = EncodeTensor{static_cast<const uint8_t*>(item.current), static_cast<uint8_t*>(item.shadow),
+                                   item.numel, chunk_cursor * kChunkElements, item.width};
+    host_starts[t] = chunk_cursor * kChunkElements;
+    chunk_cursor += (item.numel + kChunkElements - 1) / kChunkElements;
+    total_elements += item.numel;
+    max_width = std::max(max_width, item.width);
+  }
+  host_starts[num_tensors] = chunk_cursor * kChunkElements;
+  num_chunks = chunk_cursor;
+  num_positions = static_cast<int64_t>(num_chunks * kChunkElements);
+
+  DELTASYNC_RETURN_IF_ERROR(tensors.reserve(std::max<uint64_t>(num_tensors, 1)));
+  DELTASYNC_RETURN_IF_ERROR(starts.reserve(num_tensors + 1));
+  DELTASYNC_RETURN_IF_ERROR(chunk_tensor.reserve(std::max<uint64_t>(num_chunks, 1)));
+  if (tensor_bytes > 0)
+    DELTASYNC_RETURN_IF_ERROR(
+        cudaMemcpyAsync(tensors.data(), host_tensors, tensor_bytes, cudaMemcpyHostToDevice, stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(starts.data(), host_starts, (num_tensors + 1) * sizeof(uint64_t),
+                                            cudaMemcpyHostToDevice, stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaEventRecord(upload_done, stream));
+  DELTASYNC_RETURN_IF_ERROR(
+      detail::build_chunk_table(starts.data(), num_tensors, chunk_tensor.data(), num_chunks, sm_count, stream));
+
+  // CUB's temporary storage depends only on the number of positions.
+  cub_temp_bytes = 0;
+  if (num_positions > 0) {
+    DELTASYNC_RETURN_IF_ERROR(detail::select_changed_positions(nullptr, cub_temp_bytes, chunk_tensor.data(),
+                                                               tensors.data(), num_positions, nullptr, 0, nullptr,
+                                                               stream));
+    DELTASYNC_RETURN_IF_ERROR(cub_temp.reserve(std::max<size_t>(cub_temp_bytes, 1)));
+  }
+  DELTASYNC_RETURN_IF_ERROR(offsets.reserve(num_tensors + 1));
+  DELTASYNC_RETURN_IF_ERROR(value_offsets.reserve(num_tensors + 1));
+
+  cached_items = std::move(keys);
+  have_tables = true;
+  return cudaSuccess;
+}
+
+cudaError_t Encoder::State::ensure_capacity(int64_t wanted) {
+  // Never more than the set has elements: a step cannot change more than that.
+  wanted = std::min<int64_t>(wanted, static_cast<int64_t>(total_elements));
+  if (wanted > capacity) {
+    DELTASYNC_RETURN_IF_ERROR(indices.reserve(static_cast<size_t>(wanted)));
+    capacity = wanted;
+  }
+  // The value buffers also depend on the widest tensor of the current set.
+  const size_t value_bytes = std::max<size_t>(static_cast<size_t>(capacity) * max_width, 1);
+  DELTASYNC_RETURN_IF_ERROR(values.reserve(value_bytes));
+  return base_values.reserve(value_bytes);
+}
+
+cudaError_t Encoder::State::run_pipeline(cudaStream_t stream) {
+  if (num_positions > 0) {
+    size_t temp_bytes = cub_temp_bytes;
+    DELTASYNC_RETURN_IF_ERROR(detail::select_changed_positions(cub_temp.data(), temp_bytes, chunk_tensor.data(),
+                                                               tensors.data(), num_positions, indices.data(),
+                                                               capacity, &counts.data()->num_selected, stream));
+  } else {
+    DELTASYNC_RETURN_IF_ERROR(cudaMemsetAsync(counts.data(), 0, sizeof(EncodeCounts), stream));
+  }
+  DELTASYNC_RETURN_IF_ERROR(detail::compute_offsets(indices.data(), starts.data(), tensors.data(), num_tensors,
+                                                    counts.data(), capacity, offsets.data(), value_offsets.data(),
+                                                    sm_count, stream));
+  DELTASYNC_RETURN_IF_ERROR(detail::gather_changed(indices.data(), chunk_tensor.data(), tensors.data(),
+                                                   offsets.data(), value_offsets.data(), counts.data(), capacity,
+                                                   values.data(), base_values.data(), sm_count, stream));
+  return cudaMemcpyAsync(counts_readback.data(), counts.data(), sizeof(EncodeCounts), cudaMemcpyDeviceToHost,
+                         stream);
+}
+
+Encoder::Encoder() : state_(new State) {
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess)
+    cudaDeviceGetAttribute(&state_->sm_count, cudaDevAttrMultiProcessorCount, device);
+  cudaGetLastError();  // a failed query must not leave a sticky error for the caller
+  if (state_->sm_count <= 0) state_->sm_count = 1;
+}
+
+Encoder::~Encoder() {
+  if (state_->upload_done != nullptr) cudaEventDestroy(state_->upload_done);
+  delete state_;
+}
+
+cudaError_t Encoder::encode(std::span<const EncodeItem> items, cudaStream_t stream) {
+  detail::scoped_range range{"encode"};
+  check_items(items);
+  State& s = *state_;
+  s.result_tensors = 0;
+  s.result_changed = 0;
+  s.result_value_bytes = 0;
+  DELTASYNC_RETURN_IF_ERROR(s.prepare_tables(items, stream));
+  DELTASYNC_RETURN_IF_ERROR(s.counts.reserve(1));
+  DELTASYNC_RETURN_IF_ERROR(s.counts_readback.reserve(1));
+  DELTASYNC_RETURN_IF_ERROR(s.ensure_capacity(std::max(s.capacity, kInitialCapacity)));
+  s.note_workspace();
+
+  // Normally one pass and one synchronization. A step with more changed elements than ever
+  // before overflows the select's output (writes dropped, count exact, shadow untouched): grow to
+  // the exact count plus headroom and run again.
+  for (;;) {
+    DELTASYNC_RETURN_IF_ERROR(s.run_pipeline(stream));
+    DELTASYNC_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    const int64_t selected = s.counts_readback.data()->num_selected;
+    if (selected <= s.capacity) break;
+    DELTASYNC_RETURN_IF_ERROR(s.ensure_capacity(selected + selected / 8));
+    s.note_workspace();
+  }
+  s.result_tensors = s.num_tensors;
+  s.result_changed = static_cast<uint64_t>(s.counts_readback.data()->num_selected);
+  s.result_value_bytes = s.counts_readback.data()->value_bytes;
+  return cudaSuccess;
+}
+
+uint64_t Encoder::total_changed() const { return state_->result_changed; }
+size_t Encoder::num_tensors() const { return state_->result_tensors; }
+const uint64_t* Encoder::device_offsets() const { return state_->offsets.data(); }
+const uint64_t* Encoder::device_value_offsets() const { return state_->value_offsets.data(); }
+const int64_t* Encoder::device_indices() const { return state_->indices.data(); }
+const uint8_t* Encoder::device_values() const { return state_->values.data(); }
+const uint8_t* Encoder::device_base_values() const { return state_->base_values.data(); }
+
+cudaError_t Encoder::stage(cudaStream_t stream) {
+  detail::scoped_range range{"stage"};
+  State& s = *state_;
+  const size_t table_entries = s.result_tensors + 1;
+  DELTASYNC_RETURN_IF_ERROR(s.staged_offsets.reserve(table_entries));
+  DELTASYNC_RETURN_IF_ERROR(s.staged_value_offsets.reserve(table_entries));
+  DELTASYNC_RETURN_IF_ERROR(s.staged_indices.reserve(s.result_changed));
+  DELTASYNC_RETURN_IF_ERROR(s.staged_values.reserve(s.result_value_bytes));
+  DELTASYNC_RETURN_IF_ERROR(s.staged_base_values.reserve(s.result_value_bytes));
+  if (s.offsets.data() == nullptr) {
+    // Nothing was ever encoded: stage an empty result (one zero offset each).
+    s.staged_offsets.data()[0] = 0;
+    s.staged_value_offsets.data()[0] = 0;
+  } else {
+    DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.staged_offsets.data(), s.offsets.data(),
+                                              table_entries * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+    DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.staged_value_offsets.data(), s.value_offsets.data(),
+                                              table_entries * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+  }
+  if (s.result_changed > 0) {
+    DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.staged_indices.data(), s.indices.data(),
+                                              s.result_changed * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.staged_values.data(), s.values.data(), s.result_value_bytes,
+                                              cudaMemcpyDeviceToHost, stream));
+    DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.staged_base_values.data(), s.base_values.data(),
+                                              s.result_value_bytes, cudaMemcpyDeviceToHost, stream));
+  }
+  s.staged_tensors = s.result_tensors;
+  s.staged_changed = s.result_changed;
+  s.staged_value_bytes = s.result_value_bytes;
+  s.staged_any = true;
+  return cudaSuccess;
+}
+
+DeltaView Encoder::staged() const {
+  const State& s = *state_;
+  if (!s.staged_any) return DeltaView{};
+  return DeltaView{{s.staged_offsets.data(), s.staged_tensors + 1},
+                   {s.staged_value_offsets.data(), s.staged_tensors + 1},
+                   {s.staged_indices.data(), s.staged_changed},
+                   {s.staged_values.data(), s.staged_value_bytes},
+                   {s.staged_base_values.data(), s.staged_value_bytes}};
+}
+
+size_t Encoder::workspace_bytes() const { return state_->workspace(); }
+size_t Encoder::peak_workspace_bytes() const { return state_->peak_workspace; }
+
+}  // namespace deltasync::cuda

@@ -1,0 +1,40 @@
+# Shared by scripts/test and scripts/demo: idempotent installation and build steps.
+# Expects ROOT to be the repository root.
+
+VENV=${VENV:-$ROOT/.venv}
+DEBIAN_PACKAGES=(cmake ninja-build g++ pkg-config git nlohmann-json3-dev libgtest-dev libzstd-dev
+                 libcurl4-openssl-dev libssl-dev zstd curl)
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+install_debian_packages() {
+  local missing=()
+  for p in "${DEBIAN_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing Debian packages: ${missing[*]}"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+make_python_env() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "== creating $VENV"
+    python3 -m venv "$VENV"
+  fi
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/scripts/requirements.txt"
+}
+
+configure_and_build() {
+  local build_dir=$1 jobs=$2
+  echo "== configuring $build_dir"
+  cmake -S "$ROOT" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
+  echo "== building ($jobs jobs)"
+  cmake --build "$build_dir" -j "$jobs"
+}
+
+install_python_package() {
+  :
+}

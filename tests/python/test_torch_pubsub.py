@@ -1,0 +1,238 @@
+"""DeltaPublisher -> folder store -> DeltaSubscriber, on real AdamW steps of a small bf16 model."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+import deltasync
+from deltasync.subscriber import IntegrityError
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(64, 32), torch.nn.Linear(32, 48), torch.nn.GELU(), torch.nn.Linear(48, 64))
+    return model.to(torch.bfloat16)
+
+
+def bits_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert na == nb
+        if not torch.equal(pa.detach().view(torch.int16), pb.detach().view(torch.int16)):
+            return False
+    return True
+
+
+def train_step(model, optimizer, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 64, (8, 5), generator=g)
+    logits = model(tokens)
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 64), tokens.roll(1, dims=1).reshape(-1))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+@pytest.fixture
+def store(tmp_path):
+    return f"file://{tmp_path / 'bucket'}"
+
+
+def test_subscriber_follows_every_step_bit_identically(store):
+    trainer, follower = make_model(0), make_model(1)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=3e-4)
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    assert sub.poll() is None
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=4) as pub:
+        pub.publish(0)
+        pub.flush()
+        assert sub.update() == 0 and sub.last_report.anchor == 0
+        assert bits_equal(trainer, follower)
+        for step in range(1, 7):
+            train_step(trainer, optimizer, step)
+            stats = pub.publish(step)
+            pub.flush()
+            assert sub.poll() == step
+            assert sub.update() == step
+            assert bits_equal(trainer, follower)
+            assert 0 < stats.changed_elements < stats.total_elements
+            assert sub.last_report.deltas == [step] and sub.last_report.anchor is None
+            assert sub.last_report.bytes_fetched == stats.delta_bytes
+    anchors = [s.version for s in pub.stats if s.anchor]
+    assert anchors == [0, 4]
+
+
+def test_late_subscriber_plans_from_anchor_and_chains_deltas(store, tmp_path):
+    trainer = make_model(0)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=3e-4)
+    snapshots = {}
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=5) as pub:
+        for step in range(0, 8):
+            for group in optimizer.param_groups:  # small steps (sparse deltas) first, then large ones
+                group["lr"] = 1e-5 if step < 6 else 1e-3
+            if step:
+                train_step(trainer, optimizer, step)
+            pub.publish(step)
+            snapshots[step] = copy.deepcopy(trainer)
+    follower = make_model(2)
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    assert sub.update(3) == 3
+    assert sub.last_report.anchor == 0 and sub.last_report.deltas == [1, 2, 3]
+    assert bits_equal(follower, snapshots[3])
+    assert sub.update() == 7
+    sizes = {s.version: s for s in pub.stats}
+    via_deltas = sum(sizes[v].delta_bytes for v in (4, 5, 6, 7))
+    via_anchor = sizes[5].anchor_bytes + sizes[6].delta_bytes + sizes[7].delta_bytes
+    if via_deltas <= via_anchor:
+        assert sub.last_report.deltas == [4, 5, 6, 7] and sub.last_report.anchor is None
+    else:
+        assert sub.last_report.deltas == [6, 7] and sub.last_report.anchor == 5
+    assert sub.last_report.bytes_fetched == min(via_deltas, via_anchor)
+    assert bits_equal(follower, snapshots[7])
+    fresh = make_model(3)
+    sub2 = deltasync.DeltaSubscriber(fresh, store=store)
+    sub2.update()
+    assert sub2.last_report.anchor == 5 and sub2.last_report.deltas == [6, 7]
+    assert bits_equal(fresh, snapshots[7])
+
+
+def test_store_layout_is_the_protocols(store, tmp_path):
+    trainer = make_model(0)
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=10) as pub:
+        pub.publish(1)
+        with torch.no_grad():
+            trainer[1].weight.view(torch.int16)[0, :3] += 1
+        pub.publish(2)
+    root = tmp_path / "bucket"
+    assert (root / "LATEST").read_text() == "2\n"
+    m1 = json.loads((root / "manifests" / f"{1:020d}.json").read_text())
+    m2 = json.loads((root / "manifests" / f"{2:020d}.json").read_text())
+    assert m1["kind"] == "anchor" and m1["latest_anchor"] == 1 and m1["delta"] is None
+    assert m2["kind"] == "delta" and m2["base_version"] == 1 and m2["changed_elements"] == 3
+    assert m2["delta_format"] == "trl" and m2["latest_anchor"] == 1
+    assert m2["digests"]["1.weight"] != m1["digests"]["1.weight"]
+    assert m2["digests"]["0.weight"] == m1["digests"]["0.weight"]
+    from safetensors import safe_open
+
+    with safe_open(root / m2["delta"]["key"], "pt") as f:
+        assert sorted(f.keys()) == ["1.weight.indices", "1.weight.values"]
+        assert f.get_tensor("1.weight.indices").tolist() == [0, 1, 2]
+        assert f.get_tensor("1.weight.indices").dtype == torch.int32
+        meta = f.metadata()
+    assert meta["sparse"] == "True" and meta["model_version"] == "2" and meta["base_version"] == "1"
+    assert json.loads(meta["changed_params"]) == ["1.weight"]
+    assert set(json.loads(meta["base_digests"])) == {"1.weight"}
+
+
+def test_tampered_weights_are_found_by_audit_and_rebuilt_from_anchor(store):
+    trainer, follower = make_model(0), make_model(1)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=3e-4)
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100) as pub:
+        pub.publish(0)
+        pub.flush()
+        sub.update()
+        with torch.no_grad():  # someone writes into the follower's weights behind our back
+            follower[3].weight.view(torch.int16)[5, 5] ^= 1
+        train_step(trainer, optimizer, 1)
+        pub.publish(1)
+    assert sub.update(audit=True) == 1
+    assert sub.last_report.recovered and "3.weight" in sub.last_report.recovered
+    assert sub.last_report.anchor == 0 and sub.last_report.deltas == [1]
+    assert bits_equal(trainer, follower)
+
+
+def test_corrupted_object_is_refused(store, tmp_path):
+    trainer, follower = make_model(0), make_model(1)
+    with deltasync.DeltaPublisher(trainer, store=store) as pub:
+        pub.publish(0)
+    part = next((tmp_path / "bucket" / "anchors").rglob("*.safetensors"))
+    data = bytearray(part.read_bytes())
+    data[-1] ^= 0xFF
+    part.write_bytes(bytes(data))
+    before = [p.detach().clone() for p in follower.parameters()]
+    with pytest.raises(ValueError, match="sha256"):
+        deltasync.DeltaSubscriber(follower, store=store).update()
+    assert all(torch.equal(a, b) for a, b in zip(before, follower.parameters()))
+
+
+def test_wrong_base_delta_is_refused_and_nothing_written(store):
+    trainer = make_model(0)
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=0) as pub:
+        pub.publish(0)
+        with torch.no_grad():
+            trainer[1].weight.view(torch.int16)[0, 0] += 1
+        pub.publish(1)
+    follower = make_model(0)
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    sub.update(0)
+    with torch.no_grad():
+        follower[1].weight.view(torch.int16)[0, 0] += 7  # now not version 0 any more
+    snapshot = follower[1].weight.detach().clone()
+    sub.receiver.digests["1.weight"] = deltasync.ops.digest([follower[1].weight.detach()]).item() & ((1 << 64) - 1)
+    # The only anchor is version 0; recovery reloads it and re-applies delta 1.
+    assert sub.update() == 1
+    assert sub.last_report.recovered
+    assert bits_equal(trainer, follower)
+    assert not torch.equal(snapshot, follower[1].weight.detach())
+
+
+def test_optimizer_hook_publishes_every_step(store):
+    trainer, follower = make_model(0), make_model(1)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=3e-4)
+    with deltasync.DeltaPublisher(trainer, store=store) as pub:
+        pub.publish(0)
+        pub.attach(optimizer)
+        for step in range(1, 4):
+            train_step(trainer, optimizer, step)
+    assert [s.version for s in pub.stats] == [0, 1, 2, 3]
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    assert sub.update() == 3 and bits_equal(trainer, follower)
+
+
+def test_low_memory_mode_follows_training_and_catches_missed_changes(store):
+    trainer, follower = make_model(0), make_model(1)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=3e-4)
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, low_memory=True) as pub:
+        pub.publish(0)
+        assert sum(s.numel() * s.element_size() for s in pub._shadow) == sum(p.numel() for p in trainer.parameters())
+        for step in (1, 2):
+            train_step(trainer, optimizer, step)
+            pub.publish(step)
+            pub.flush()
+            sub.update()
+            assert bits_equal(trainer, follower)
+        # A sign flip changes only the high byte: the low-byte shadow cannot see it.
+        # (a) In a tensor with no other change: the publisher's full digests notice and this
+        # version becomes an anchor without a delta.
+        with torch.no_grad():
+            trainer[1].weight.view(torch.int16)[2, 2] ^= -32768
+        stats = pub.publish(3)
+        pub.flush()
+        assert stats.anchor and stats.delta_bytes == 0
+        assert sub.update() == 3 and sub.last_report.anchor == 3
+        assert bits_equal(trainer, follower)
+        # (b) In a tensor that also has seen changes: the delta's result digests disagree with
+        # what the subscriber computes; it refuses and leaves its weights as they were.
+        train_step(trainer, optimizer, 4)
+        with torch.no_grad():
+            trainer[1].weight.view(torch.int16)[3, 3] ^= -32768
+        pub.publish(4)
+        pub.flush()
+        before = [p.detach().clone() for p in follower.parameters()]
+        with pytest.raises(IntegrityError, match="result digest mismatch for tensor 1.weight"):
+            sub.update()
+        assert all(torch.equal(a, b) for a, b in zip(before, follower.parameters()))
+        train_step(trainer, optimizer, 5)
+        pub.publish(5, anchor=True)  # the next anchor heals it
+    assert sub.update() == 5 and sub.last_report.anchor == 5
+    assert bits_equal(trainer, follower)
+
+
+def test_python_store_refuses_other_schemes():
+    with pytest.raises(ValueError, match="folder stores"):
+        deltasync.DeltaSubscriber(make_model(0), store="s3://bucket/prefix")

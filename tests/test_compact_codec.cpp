@@ -1,0 +1,521 @@
+// The compact delta format: bit-exact round trips for every width and weight dtype, block
+// boundaries, the container, and clean refusal of every kind of corrupt payload.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deltasync/compact_codec.hpp"
+#include "deltasync/cpu_engine.hpp"
+#include "deltasync/error.hpp"
+#include "deltasync/safetensors.hpp"
+
+namespace ds = deltasync;
+namespace compact = deltasync::compact;
+
+namespace {
+
+// A model: metadata plus base and current bits, and the delta between them.
+struct Fixture {
+  std::vector<ds::TensorMeta> meta;
+  std::vector<std::vector<uint8_t>> base, current;
+  ds::SparseDelta delta;
+
+  void add(std::string name, ds::DType dtype, uint64_t numel) {
+    meta.push_back({std::move(name), dtype, {numel}});
+    base.emplace_back(numel * ds::dtype_width(dtype));
+    current.emplace_back(numel * ds::dtype_width(dtype));
+  }
+  // Runs the CPU encode on a copy of the base (the shadow), filling `delta`.
+  void encode() {
+    std::vector<std::vector<uint8_t>> shadow = base;
+    std::vector<ds::EncodeItem> items;
+    for (size_t t = 0; t < meta.size(); ++t)
+      items.push_back({meta[t].name, current[t].data(), shadow[t].data(), meta[t].numel(), meta[t].width()});
+    ds::cpu::encode(items, delta);
+  }
+  std::vector<ds::ConstTensorRef> base_refs() const {
+    std::vector<ds::ConstTensorRef> refs;
+    for (size_t t = 0; t < meta.size(); ++t) refs.push_back({meta[t].name, base[t].data(), meta[t].numel(), meta[t].width()});
+    return refs;
+  }
+};
+
+uint32_t load(const std::vector<uint8_t>& bytes, uint64_t i, uint32_t w) {
+  uint32_t v = 0;
+  std::memcpy(&v, bytes.data() + i * w, w);
+  return v;
+}
+void store(std::vector<uint8_t>& bytes, uint64_t i, uint32_t w, uint32_t v) { std::memcpy(bytes.data() + i * w, &v, w); }
+
+// Random base bits for a weight-like tensor, or fully random bits (NaN payloads, ±0, infinities).
+void fill_base(std::vector<uint8_t>& bytes, uint32_t w, std::mt19937_64& rng, bool any_bits) {
+  for (uint64_t i = 0; i < bytes.size() / w; ++i) {
+    uint32_t v = static_cast<uint32_t>(rng());
+    if (!any_bits && w >= 2) {
+      // Float near ±0.02 (or an exact ±0) in the dtype's layout.
+      const float f = (rng() % 50 == 0) ? 0.0f : std::ldexp(1.0f + (rng() % 1000) / 1000.0f, -6 - int(rng() % 6));
+      uint32_t f32;
+      std::memcpy(&f32, &f, 4);
+      if (rng() & 1) f32 |= 0x80000000u;
+      v = w == 4 ? f32 : (f32 >> 16);  // bf16 truncation (F16 gets arbitrary but valid bits)
+    }
+    store(bytes, i, w, v);
+  }
+}
+
+// How the current bits of a changed element differ from the base.
+enum class Change { Ulp, Random, SignFlip };
+
+void make_changes(Fixture& f, size_t t, double density, Change kind, std::mt19937_64& rng) {
+  const uint32_t w = f.meta[t].width();
+  const uint64_t n = f.meta[t].numel();
+  f.current[t] = f.base[t];
+  std::bernoulli_distribution pick(density);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (!pick(rng)) continue;
+    const uint32_t old = load(f.base[t], i, w);
+    uint32_t v = old;
+    switch (kind) {
+      case Change::Ulp: {
+        // ±1 or ±2 steps of the ordered pattern: crosses signs and exponents where they lie.
+        const int step = (rng() & 1 ? 1 : -1) * (rng() % 8 == 0 ? 2 : 1);
+        v = compact::from_ordered((compact::to_ordered(old, w) + static_cast<uint32_t>(step)) & compact::width_mask(w), w);
+        break;
+      }
+      case Change::Random: v = static_cast<uint32_t>(rng()) & compact::width_mask(w); break;
+      case Change::SignFlip: v = old ^ (1u << (8 * w - 1)); break;
+    }
+    if (v == old) v ^= 1;
+    store(f.current[t], i, w, v);
+  }
+}
+
+// Encodes, decodes against the base, applies, and checks that the result equals `current`.
+void expect_round_trip(Fixture& f, uint32_t block_elements) {
+  f.encode();
+  compact::Options options;
+  options.block_elements = block_elements;
+  const auto encoded = compact::encode(f.meta, f.delta.view(), options);
+  std::vector<compact::EncodedTensorView> views;
+  for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload});
+  compact::DecodedDelta decoded;
+  const auto refs = f.base_refs();
+  compact::decode(views, f.meta, refs, "mem", decoded);
+  // Same positions, new bits and base bits as the encode produced.
+  EXPECT_EQ(decoded.storage.offsets, f.delta.offsets);
+  EXPECT_EQ(decoded.storage.indices, f.delta.indices);
+  EXPECT_EQ(decoded.storage.values, f.delta.values);
+  EXPECT_EQ(decoded.storage.base_values, f.delta.base_values);
+
+  std::vector<std::vector<uint8_t>> target = f.base;
+  std::vector<ds::TensorRef> targets;
+  for (size_t t = 0; t < f.meta.size(); ++t) targets.push_back({f.meta[t].name, target[t].data(), f.meta[t].numel(), f.meta[t].width()});
+  ds::cpu::apply(targets, decoded.patches(f.meta));
+  for (size_t t = 0; t < f.meta.size(); ++t) EXPECT_EQ(target[t], f.current[t]) << f.meta[t].name;
+
+  // Serial and parallel encodes produce the same bytes.
+  options.parallel = false;
+  const auto serial = compact::encode(f.meta, f.delta.view(), options);
+  ASSERT_EQ(serial.size(), encoded.size());
+  for (size_t i = 0; i < serial.size(); ++i) {
+    EXPECT_EQ(serial[i].block_index, encoded[i].block_index);
+    EXPECT_EQ(serial[i].payload, encoded[i].payload);
+  }
+}
+
+const ds::DType kWeightDtypes[] = {ds::DType::BF16, ds::DType::F16, ds::DType::F32, ds::DType::F8_E4M3,
+                                   ds::DType::F8_E5M2};
+
+}  // namespace
+
+TEST(CompactValueSymbol, OneUlpIsSmallAcrossSignAndExponent) {
+  // bf16: +0 -> -0 is one ordered step, 1.0 (0x3F80) -> largest below 1.0 (0x3F7F) is one step.
+  EXPECT_EQ(compact::value_symbol(0x8000, 0x0000, 2), 1u);
+  EXPECT_EQ(compact::value_symbol(0x0000, 0x8000, 2), 2u);
+  EXPECT_EQ(compact::value_symbol(0x3F7F, 0x3F80, 2), 1u);
+  EXPECT_EQ(compact::value_symbol(0x0001, 0x8001, 2), 6u);  // -tiny -> +tiny: three steps (-0, +0 between)
+  EXPECT_EQ(compact::value_symbol(0x3F800000u, 0x3F7FFFFFu, 4), 2u);
+  EXPECT_EQ(compact::value_symbol(0x81, 0x80, 1), 1u);
+}
+
+TEST(CompactValueSymbol, InvertsForEveryPairOfBytesAndRandomWideValues) {
+  for (uint32_t a = 0; a < 256; ++a)
+    for (uint32_t b = 0; b < 256; ++b) ASSERT_EQ(compact::apply_value_symbol(compact::value_symbol(a, b, 1), b, 1), a);
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t a = static_cast<uint32_t>(rng()), b = static_cast<uint32_t>(rng());
+    ASSERT_EQ(compact::apply_value_symbol(compact::value_symbol(a, b, 4), b, 4), a);
+    ASSERT_EQ(compact::apply_value_symbol(compact::value_symbol(a & 0xFFFF, b & 0xFFFF, 2), b & 0xFFFF, 2), a & 0xFFFF);
+  }
+}
+
+TEST(CompactRoundTrip, EveryDtypeDensityAndChangeKind) {
+  std::mt19937_64 rng(1234);
+  const double densities[] = {0.0, 0.001, 0.003, 0.01, 0.05, 0.5, 1.0};
+  for (ds::DType dtype : kWeightDtypes) {
+    for (double density : densities) {
+      for (Change kind : {Change::Ulp, Change::Random, Change::SignFlip}) {
+        Fixture f;
+        f.add("w", dtype, 20000);
+        f.add("empty", dtype, 0);
+        f.add("norm", dtype, 257);
+        for (size_t t = 0; t < f.meta.size(); ++t) {
+          fill_base(f.base[t], f.meta[t].width(), rng, kind == Change::Random);
+          make_changes(f, t, density, kind, rng);
+        }
+        SCOPED_TRACE(std::string(ds::dtype_name(dtype)) + " density " + std::to_string(density) + " kind " +
+                     std::to_string(int(kind)));
+        expect_round_trip(f, 1000);
+      }
+    }
+  }
+}
+
+TEST(CompactRoundTrip, BlockBoundariesAndLargeGaps) {
+  std::mt19937_64 rng(99);
+  for (uint32_t block : {1u, 2u, 3u, 7u, 64u, 16384u}) {
+    Fixture f;
+    f.add("a", ds::DType::BF16, 5000);
+    f.add("b", ds::DType::F32, 3);
+    fill_base(f.base[0], 2, rng, false);
+    fill_base(f.base[1], 4, rng, true);
+    make_changes(f, 0, 0.2, Change::Ulp, rng);
+    f.current[1] = f.base[1];
+    store(f.current[1], 2, 4, load(f.base[1], 2, 4) ^ 0x7FC00001u);  // NaN payload differences
+    // Last element and first element changed: the extreme gaps.
+    store(f.current[0], 0, 2, load(f.base[0], 0, 2) ^ 0x8000);
+    store(f.current[0], 4999, 2, load(f.base[0], 4999, 2) ^ 0x0001);
+    SCOPED_TRACE("block " + std::to_string(block));
+    expect_round_trip(f, block);
+  }
+  // One change at each end of a big tensor: a gap needing many raw bits.
+  Fixture f;
+  f.add("big", ds::DType::F8_E4M3, uint64_t{1} << 22);
+  f.current[0] = f.base[0];
+  f.current[0][0] = 1;
+  f.current[0].back() = 0x80;
+  expect_round_trip(f, 16384);
+}
+
+TEST(CompactRoundTrip, UlpChangesCompressWellBelowTheInteroperableLayout) {
+  std::mt19937_64 rng(5);
+  Fixture f;
+  f.add("w", ds::DType::BF16, 1 << 20);
+  fill_base(f.base[0], 2, rng, false);
+  make_changes(f, 0, 0.01, Change::Ulp, rng);
+  f.encode();
+  const auto encoded = compact::encode(f.meta, f.delta.view());
+  ASSERT_EQ(encoded.size(), 1u);
+  const double per_change =
+      static_cast<double>(encoded[0].block_index.size() + encoded[0].payload.size()) / f.delta.indices.size();
+  // 1% uniform positions carry ~1.0 byte, these value changes ~0.17 byte.
+  EXPECT_LT(per_change, 1.35);
+  EXPECT_GT(per_change, 0.9);
+}
+
+// ---- container ----------------------------------------------------------------------------
+
+namespace {
+
+Fixture small_model(std::mt19937_64& rng) {
+  Fixture f;
+  f.add("model.embed", ds::DType::BF16, 4096);
+  f.add("model.norm", ds::DType::BF16, 64);
+  f.add("model.fp8", ds::DType::F8_E5M2, 999);
+  for (size_t t = 0; t < f.meta.size(); ++t) {
+    fill_base(f.base[t], f.meta[t].width(), rng, false);
+    make_changes(f, t, t == 1 ? 0.0 : 0.05, Change::Ulp, rng);
+  }
+  f.encode();
+  return f;
+}
+
+}  // namespace
+
+TEST(CompactFile, SerializeReadDecodeApply) {
+  std::mt19937_64 rng(11);
+  Fixture f = small_model(rng);
+  ds::DeltaInfo info;
+  info.model_version = 8;
+  info.base_version = 7;
+  info.extra["note"] = "hello";
+  compact::Options options;
+  options.block_elements = 50;
+  auto bytes = compact::serialize_compact_delta(f.meta, f.delta.view(), info, options);
+  const ds::st::File file = ds::st::File::from_bytes(std::move(bytes), "d.safetensors");
+  EXPECT_TRUE(compact::is_compact_delta(file));
+  const auto& md = file.metadata();
+  EXPECT_EQ(md.at("sparse"), "True");
+  EXPECT_EQ(md.at("format"), "compact");
+  EXPECT_EQ(md.at("compact_version"), "1");
+  EXPECT_EQ(md.at("compact_block_elements"), "50");
+  EXPECT_EQ(md.at("model_version"), "8");
+  EXPECT_EQ(md.at("base_version"), "7");
+  EXPECT_EQ(md.at("note"), "hello");
+  EXPECT_EQ(md.at("changed_params"), "[\"model.embed\",\"model.fp8\"]");
+  EXPECT_EQ(md.at("total_changed_elements"), std::to_string(f.delta.indices.size()));
+  EXPECT_NE(file.find("model.embed.cindex"), nullptr);
+  EXPECT_NE(file.find("model.fp8.cdata"), nullptr);
+  EXPECT_EQ(file.find("model.norm.cindex"), nullptr);
+
+  compact::DecodedDelta decoded;
+  const auto refs = f.base_refs();
+  const auto patches = compact::decode_compact_delta(file, f.meta, refs, decoded);
+  EXPECT_EQ(decoded.info.model_version, 8u);
+  EXPECT_EQ(decoded.info.base_version, std::optional<uint64_t>(7));
+  EXPECT_EQ(decoded.info.extra.at("note"), "hello");
+  EXPECT_EQ(decoded.changed_names, (std::vector<std::string>{"model.embed", "model.fp8"}));
+  ASSERT_EQ(patches.size(), 3u);
+  EXPECT_EQ(patches[1].count, 0u);
+  std::vector<std::vector<uint8_t>> target = f.base;
+  std::vector<ds::TensorRef> targets;
+  for (size_t t = 0; t < f.meta.size(); ++t) targets.push_back({f.meta[t].name, target[t].data(), f.meta[t].numel(), f.meta[t].width()});
+  ds::cpu::apply(targets, patches);
+  EXPECT_EQ(target, f.current);
+}
+
+TEST(CompactFile, RefusesAnotherBaseOrFormat) {
+  std::mt19937_64 rng(12);
+  Fixture f = small_model(rng);
+  const ds::st::File file = ds::st::File::from_bytes(compact::serialize_compact_delta(f.meta, f.delta.view(), {}), "d");
+  const auto refs = f.base_refs();
+  compact::DecodedDelta decoded;
+
+  // A base whose tensor has another dtype (same width): the recorded tensor_shapes differ.
+  auto other = f.meta;
+  other[2].dtype = ds::DType::F8_E4M3;
+  EXPECT_THROW(compact::decode_compact_delta(file, other, refs, decoded), ds::Error);
+  // A base that lacks a changed tensor.
+  std::vector<ds::TensorMeta> fewer(f.meta.begin(), f.meta.begin() + 2);
+  std::vector<ds::ConstTensorRef> fewer_refs(refs.begin(), refs.begin() + 2);
+  try {
+    compact::decode_compact_delta(file, fewer, fewer_refs, decoded);
+    FAIL() << "decoded against a base without model.fp8";
+  } catch (const ds::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.fp8"), std::string::npos) << e.what();
+  }
+  // An interoperable-layout file is not a compact delta.
+  ds::st::Metadata md{{"format", "trl"}, {"sparse", "True"}};
+  const ds::st::File trl = ds::st::File::from_bytes(ds::st::serialize({}, md), "t");
+  EXPECT_FALSE(compact::is_compact_delta(trl));
+  EXPECT_THROW(compact::decode_compact_delta(trl, f.meta, refs, decoded), ds::Error);
+}
+
+// ---- corrupt payloads ---------------------------------------------------------------------
+
+namespace {
+
+// One tensor with multi-block changes, large random value changes (so the raw bit stream is
+// long) and the decode inputs; corrupt() edits the bytes, decode_error() returns the message.
+struct Corruptible {
+  Fixture f;
+  compact::EncodedTensor e;
+
+  Corruptible() {
+    std::mt19937_64 rng(77);
+    f.add("layer.w", ds::DType::BF16, 40000);
+    fill_base(f.base[0], 2, rng, true);
+    make_changes(f, 0, 0.05, Change::Random, rng);
+    f.encode();
+    compact::Options options;
+    options.block_elements = 500;
+    e = compact::encode(f.meta, f.delta.view(), options).at(0);
+  }
+  // Offsets of the documented block index fields.
+  static constexpr size_t kHeaderChanged = 0, kHeaderPayload = 8, kHeaderBlocks = 20;
+  static size_t record(size_t b) { return 24 + 32 * b; }
+  static constexpr size_t kFirst = 0, kOffset = 8, kCount = 16, kTable = 20, kRans = 24, kBits = 28;
+
+  template <typename T>
+  T get(size_t at) const {
+    T v;
+    std::memcpy(&v, e.block_index.data() + at, sizeof v);
+    return v;
+  }
+  template <typename T>
+  void set(size_t at, T v) {
+    std::memcpy(e.block_index.data() + at, &v, sizeof v);
+  }
+  uint32_t blocks() const { return get<uint32_t>(kHeaderBlocks); }
+
+  std::string decode_error() const {
+    std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload}};
+    compact::DecodedDelta decoded;
+    const auto refs = f.base_refs();
+    try {
+      compact::decode(views, f.meta, refs, "bad.safetensors", decoded);
+    } catch (const ds::Error& err) {
+      const std::string msg = err.what();
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      EXPECT_EQ(msg.rfind("bad.safetensors: tensor layer.w", 0), 0u) << msg;
+      return msg;
+    }
+    return "";
+  }
+};
+
+#define EXPECT_REFUSED(c, fragment)                                                   \
+  do {                                                                                \
+    const std::string msg = (c).decode_error();                                       \
+    EXPECT_NE(msg.find(fragment), std::string::npos) << "message: '" << msg << "'"; \
+  } while (0)
+
+}  // namespace
+
+TEST(CompactCorrupt, UntouchedDecodes) {
+  Corruptible c;
+  ASSERT_GT(c.blocks(), 3u);
+  EXPECT_EQ(c.decode_error(), "");
+}
+
+TEST(CompactCorrupt, TruncatedPayload) {
+  Corruptible c;
+  c.e.payload.pop_back();
+  EXPECT_REFUSED(c, "payload has");
+  // Consistently shortened last block (its raw bits lose a byte): the stream runs dry.
+  Corruptible d;
+  const size_t last = Corruptible::record(d.blocks() - 1);
+  d.e.payload.pop_back();
+  d.set<uint32_t>(last + Corruptible::kBits, d.get<uint32_t>(last + Corruptible::kBits) - 1);
+  d.set<uint64_t>(Corruptible::kHeaderPayload, d.e.payload.size());
+  EXPECT_REFUSED(d, "block " + std::to_string(d.blocks() - 1) + ": raw bit stream truncated");
+  // A block whose rANS stream lost bytes (the raw bits slide into it).
+  Corruptible r;
+  r.set<uint32_t>(Corruptible::record(1) + Corruptible::kRans, r.get<uint32_t>(Corruptible::record(1) + Corruptible::kRans) - 3);
+  r.set<uint32_t>(Corruptible::record(1) + Corruptible::kBits, r.get<uint32_t>(Corruptible::record(1) + Corruptible::kBits) + 3);
+  EXPECT_REFUSED(r, "block 1: ");
+  // The block index itself cut short.
+  Corruptible i;
+  i.e.block_index.resize(i.e.block_index.size() - 5);
+  EXPECT_REFUSED(i, "block index has");
+  i.e.block_index.resize(10);
+  EXPECT_REFUSED(i, "block index truncated");
+}
+
+TEST(CompactCorrupt, BadBlockIndex) {
+  {  // offset outside the payload
+    Corruptible c;
+    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kOffset, c.e.payload.size() + 100);
+    EXPECT_REFUSED(c, "block 2: payload offset");
+  }
+  {  // overlapping blocks
+    Corruptible c;
+    c.set<uint64_t>(Corruptible::record(1) + Corruptible::kOffset, 0);
+    EXPECT_REFUSED(c, "block 1: payload offset 0");
+  }
+  {  // a block's sizes run past the payload
+    Corruptible c;
+    const size_t last = Corruptible::record(c.blocks() - 1);
+    c.set<uint32_t>(last + Corruptible::kBits, c.get<uint32_t>(last + Corruptible::kBits) + 1);
+    EXPECT_REFUSED(c, "run past the end of the payload");
+  }
+  {  // counts not summing to the header's total
+    Corruptible c;
+    c.set<uint64_t>(Corruptible::kHeaderChanged, c.get<uint64_t>(Corruptible::kHeaderChanged) - 1);
+    EXPECT_REFUSED(c, "block counts sum to");
+  }
+  {  // a count changed inside a block: its streams no longer match
+    Corruptible c;
+    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kCount, 499);
+    c.set<uint64_t>(Corruptible::kHeaderChanged, c.get<uint64_t>(Corruptible::kHeaderChanged) - 1);
+    EXPECT_REFUSED(c, "block 0: ");
+  }
+  {  // zero count
+    Corruptible c;
+    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kCount, 0);
+    EXPECT_REFUSED(c, "block 0: count 0");
+  }
+  {  // more blocks announced than present
+    Corruptible c;
+    c.set<uint32_t>(Corruptible::kHeaderBlocks, c.blocks() + 1);
+    EXPECT_REFUSED(c, "block index has");
+  }
+  {  // first positions out of order
+    Corruptible c;
+    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kFirst, c.get<uint64_t>(Corruptible::record(1) + Corruptible::kFirst));
+    EXPECT_REFUSED(c, "block 2: first position");
+  }
+  {  // a block that starts before the previous one ends
+    Corruptible c;
+    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kFirst, c.get<uint64_t>(Corruptible::record(1) + Corruptible::kFirst) + 1);
+    EXPECT_REFUSED(c, "block 2");
+  }
+  {  // first position beyond the tensor
+    Corruptible c;
+    const size_t last = Corruptible::record(c.blocks() - 1);
+    c.set<uint64_t>(last + Corruptible::kFirst, 40000);
+    EXPECT_REFUSED(c, "outside the tensor");
+  }
+}
+
+TEST(CompactCorrupt, OverlongGap) {
+  // Changes at 0 and 50 encoded for a 60-element tensor, decoded against a 40-element base.
+  Fixture f;
+  f.add("layer.w", ds::DType::BF16, 60);
+  f.current[0] = f.base[0];
+  store(f.current[0], 0, 2, 1);
+  store(f.current[0], 50, 2, 1);
+  f.encode();
+  Corruptible c;
+  c.e = compact::encode(f.meta, f.delta.view()).at(0);
+  c.f.meta[0].shape = {40};
+  c.f.base[0].resize(80);
+  EXPECT_REFUSED(c, "gap after position 0 leads outside the tensor (40 elements)");
+}
+
+TEST(CompactCorrupt, TrailingGarbage) {
+  {  // a byte after the last block
+    Corruptible c;
+    c.e.payload.push_back(0);
+    c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
+    EXPECT_REFUSED(c, "trailing bytes");
+  }
+  {  // a byte claimed by the last block's raw bits
+    Corruptible c;
+    const size_t last = Corruptible::record(c.blocks() - 1);
+    c.e.payload.push_back(0);
+    c.set<uint32_t>(last + Corruptible::kBits, c.get<uint32_t>(last + Corruptible::kBits) + 1);
+    c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
+    EXPECT_REFUSED(c, "raw bit stream has trailing bytes");
+  }
+  {  // tables with a byte too many
+    Corruptible c;
+    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kTable, c.get<uint32_t>(Corruptible::record(0) + Corruptible::kTable) + 1);
+    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kRans, c.get<uint32_t>(Corruptible::record(0) + Corruptible::kRans) - 1);
+    EXPECT_REFUSED(c, "block 0: ");
+  }
+}
+
+TEST(CompactCorrupt, RandomByteFlipsNeverCrash) {
+  // Every mutation must either decode (a flip in raw value bits is still a valid delta) or be
+  // refused with an Error; run under ASan/UBSan this also proves no out-of-bounds access.
+  Corruptible original;
+  std::mt19937_64 rng(2024);
+  int refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    Corruptible& c = original;
+    const auto saved_index = c.e.block_index;
+    const auto saved_payload = c.e.payload;
+    const int flips = 1 + static_cast<int>(rng() % 3);
+    for (int k = 0; k < flips; ++k) {
+      auto& bytes = (rng() % 4 == 0) ? c.e.block_index : c.e.payload;
+      bytes[rng() % bytes.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    }
+    std::vector<compact::EncodedTensorView> views{{c.e.name, c.e.block_index, c.e.payload}};
+    compact::DecodedDelta decoded;
+    const auto refs = c.f.base_refs();
+    try {
+      compact::decode(views, c.f.meta, refs, "fuzz", decoded);
+    } catch (const ds::Error&) {
+      ++refused;
+    }
+    c.e.block_index = saved_index;
+    c.e.payload = saved_payload;
+  }
+  EXPECT_GT(refused, 1500);
+}

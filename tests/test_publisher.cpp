@@ -1,0 +1,331 @@
+// Publisher and subscriber through a folder store: a reader following every version, a late
+// reader, a reader whose weights were corrupted, a corrupt object in the store, merging when
+// uploads fall behind, and an upload failure followed by success. Every reader must end bit
+// for bit equal to the trainer's weights.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "deltasync/cpu_engine.hpp"
+#include "deltasync/protocol.hpp"
+#include "deltasync/publisher.hpp"
+#include "deltasync/subscriber.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using namespace deltasync;
+
+// A small model: three bf16 matrices and an f32 vector.
+struct Trainer {
+  std::vector<TensorMeta> meta{{"layers.0.weight", DType::BF16, {48, 64}},
+                               {"layers.1.weight", DType::BF16, {64, 40}},
+                               {"embed", DType::BF16, {100, 16}},
+                               {"norm", DType::F32, {64}}};
+  std::vector<std::vector<uint8_t>> data;
+  uint64_t rng = 12345;
+
+  Trainer() {
+    for (size_t t = 0; t < meta.size(); ++t) data.push_back(random_bytes(meta[t].numel() * meta[t].width(), 100 + t));
+  }
+  uint64_t next() {
+    rng += 0x9E3779B97F4A7C15ull;
+    uint64_t z = rng;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // About `per_mille`/1000 of the elements move by one unit in the last place.
+  void step(unsigned per_mille = 10) {
+    for (size_t t = 0; t < meta.size(); ++t) {
+      const uint32_t w = meta[t].width();
+      for (uint64_t i = 0; i < meta[t].numel(); ++i) {
+        if (next() % 1000 >= per_mille) continue;
+        uint8_t* p = data[t].data() + i * w;
+        if (w == 2) {
+          uint16_t v;
+          std::memcpy(&v, p, 2);
+          v = static_cast<uint16_t>(v + ((next() & 1) ? 1 : -1));
+          std::memcpy(p, &v, 2);
+        } else {
+          uint32_t v;
+          std::memcpy(&v, p, 4);
+          v += (next() & 1) ? 1 : -1;
+          std::memcpy(p, &v, 4);
+        }
+      }
+    }
+  }
+  std::vector<ConstTensorRef> refs() const {
+    std::vector<ConstTensorRef> out;
+    for (size_t t = 0; t < meta.size(); ++t) out.push_back({meta[t].name, data[t].data(), meta[t].numel(), meta[t].width()});
+    return out;
+  }
+};
+
+void expect_identical(const HostModel& model, const Trainer& trainer, uint64_t version) {
+  ASSERT_EQ(model.version, version);
+  ASSERT_EQ(model.tensors.size(), trainer.meta.size());
+  for (size_t t = 0; t < trainer.meta.size(); ++t) {
+    EXPECT_EQ(model.tensors[t].name, trainer.meta[t].name);
+    EXPECT_TRUE(model.data[t] == trainer.data[t]) << "tensor " << trainer.meta[t].name << " differs at version " << version;
+  }
+}
+
+TEST(MergeDeltas, UnionWithNewestValuesAndOldestBase) {
+  Trainer trainer;
+  std::vector<std::vector<uint8_t>> shadow = trainer.data;
+  const auto original = trainer.data;
+  auto encode = [&](SparseDelta& out) {
+    std::vector<EncodeItem> items;
+    for (size_t t = 0; t < trainer.meta.size(); ++t)
+      items.push_back({trainer.meta[t].name, trainer.data[t].data(), shadow[t].data(), trainer.meta[t].numel(), trainer.meta[t].width()});
+    cpu::encode(items, out);
+  };
+  SparseDelta first, second;
+  trainer.step(50);
+  encode(first);
+  trainer.step(50);
+  encode(second);
+  SparseDelta merged = merge_deltas(first.view(), second.view(), trainer.meta);
+  EXPECT_GE(merged.indices.size(), std::max(first.indices.size(), second.indices.size()));
+  EXPECT_LE(merged.indices.size(), first.indices.size() + second.indices.size());
+  // Applying the merged delta to the original weights gives the newest ones...
+  auto weights = original;
+  std::vector<TensorRef> targets;
+  std::vector<PatchRef> patches;
+  for (size_t t = 0; t < trainer.meta.size(); ++t) {
+    targets.push_back({trainer.meta[t].name, weights[t].data(), trainer.meta[t].numel(), trainer.meta[t].width()});
+    patches.push_back(merged.view().patch(t, trainer.meta[t].width()));
+  }
+  cpu::apply(targets, patches);
+  EXPECT_EQ(weights, trainer.data);
+  // ...and its base values are the original bits at the merged positions.
+  for (size_t t = 0; t < trainer.meta.size(); ++t) {
+    const uint32_t w = trainer.meta[t].width();
+    for (uint64_t k = merged.offsets[t]; k < merged.offsets[t + 1]; ++k) {
+      const uint64_t i = static_cast<uint64_t>(merged.indices[k]);
+      ASSERT_EQ(std::memcmp(merged.base_values.data() + merged.value_offsets[t] + (k - merged.offsets[t]) * w,
+                            original[t].data() + i * w, w), 0);
+    }
+  }
+}
+
+TEST(PublishSubscribe, FollowingLateAndCorruptedReadersEndIdentical) {
+  TempDir dir;
+  std::shared_ptr<Store> store = open_store(dir.path().string());
+  Trainer trainer;
+  PublisherOptions options;
+  options.anchor_every = 8;
+  options.anchor_share = 0;  // anchors by count only, so the test knows where they are
+  options.keep_anchors = 0;
+  Publisher publisher(store, trainer.meta, options);
+
+  auto reader_store = open_store(dir.path().string());
+  Subscriber follower(*reader_store);
+  HostModel following;
+  for (uint64_t v = 1; v <= 20; ++v) {
+    if (v > 1) trainer.step();
+    publisher.publish(v, trainer.refs());
+    publisher.flush();
+    auto report = follower.sync(following);
+    ASSERT_EQ(report.to, v);
+    EXPECT_FALSE(report.recovered);
+    if (v > 1) {
+      EXPECT_FALSE(report.plan.anchor_version) << "a following reader needs only the next delta (v" << v << ")";
+      EXPECT_EQ(report.plan.deltas, (std::vector<uint64_t>{v}));
+    }
+    expect_identical(following, trainer, v);
+  }
+  auto stats = publisher.stats();
+  ASSERT_EQ(stats.size(), 20u);
+  EXPECT_TRUE(stats[0].anchor);
+  EXPECT_TRUE(stats[8].anchor);   // v9: 8 versions after v1
+  EXPECT_TRUE(stats[16].anchor);  // v17
+  EXPECT_FALSE(stats[5].anchor);
+  EXPECT_GT(stats[5].delta_bytes, 0u);
+  EXPECT_LT(stats[5].delta_bytes, stats[0].anchor_bytes / 4);  // tiny model: headers weigh
+
+  // A reader that joins late starts from the newest anchor.
+  Subscriber late_sub(*reader_store);
+  HostModel late;
+  auto late_report = late_sub.sync(late);
+  EXPECT_EQ(late_report.plan.anchor_version, 17u);
+  expect_identical(late, trainer, 20);
+
+  // A reader whose weights were corrupted (same version label, different bits) is detected by
+  // its digests and rebuilt.
+  trainer.step();
+  publisher.publish(21, trainer.refs());
+  publisher.flush();
+  following.data[1][7] ^= 0x40;
+  following.digests.clear();
+  auto healed = follower.sync(following);
+  EXPECT_TRUE(healed.recovered);
+  EXPECT_NE(healed.recovery_reason.find("layers.1.weight"), std::string::npos) << healed.recovery_reason;
+  expect_identical(following, trainer, 21);
+
+  // A reader that missed versions catches up in one sync; a pinned version works too.
+  Subscriber pinned_sub(*reader_store);
+  HostModel pinned;
+  pinned_sub.sync(pinned, 12);
+  ASSERT_EQ(pinned.version, 12u);
+  for (uint64_t v = 22; v <= 26; ++v) {
+    trainer.step();
+    publisher.publish(v, trainer.refs());
+  }
+  publisher.flush();
+  auto jump = pinned_sub.sync(pinned);
+  EXPECT_EQ(jump.from, 12u);
+  expect_identical(pinned, trainer, 26);
+}
+
+TEST(PublishSubscribe, CorruptObjectInTheStoreFallsBackToAnAnchor) {
+  TempDir dir;
+  std::shared_ptr<Store> store = open_store(dir.path().string());
+  Trainer trainer;
+  PublisherOptions options;
+  options.anchor_every = 5;
+  options.anchor_share = 0;
+  options.keep_anchors = 0;
+  Publisher publisher(store, trainer.meta, options);
+  Subscriber sub(*store);
+  HostModel model;
+  publisher.publish(1, trainer.refs());
+  publisher.flush();
+  sub.sync(model);
+  for (uint64_t v = 2; v <= 8; ++v) {
+    trainer.step();
+    publisher.publish(v, trainer.refs());
+    publisher.flush();  // one upload per version: anchors exactly where anchor_every puts them
+  }
+  // Damage delta 3 (bit rot or a bad copy): the reader at 1 must not apply it.
+  protocol::Catalog catalog(*store);
+  const std::string key = catalog.find(3)->delta->key;
+  auto bytes = store->get(key);
+  bytes[bytes.size() / 2] ^= 1;
+  store->put(key, bytes);
+  auto report = sub.sync(model);
+  EXPECT_TRUE(report.recovered);
+  EXPECT_NE(report.recovery_reason.find("SHA-256"), std::string::npos) << report.recovery_reason;
+  EXPECT_EQ(report.plan.anchor_version, 6u);
+  expect_identical(model, trainer, 8);
+}
+
+// Slows every upload down so that the publisher falls behind.
+class SlowStore final : public Store {
+ public:
+  SlowStore(std::shared_ptr<Store> inner, std::chrono::milliseconds delay) : inner_(std::move(inner)), delay_(delay) {}
+  std::string url() const override { return inner_->url(); }
+  void put(const std::string& k, std::span<const uint8_t> b) override {
+    std::this_thread::sleep_for(delay_);
+    if (fail_next_ > 0) {
+      --fail_next_;
+      throw Error(describe(k) + ": PUT failed after 5 attempts: HTTP 503 (injected)");
+    }
+    inner_->put(k, b);
+  }
+  bool put_if_absent(const std::string& k, std::span<const uint8_t> b) override { return inner_->put_if_absent(k, b); }
+  std::vector<uint8_t> get(const std::string& k) override { return inner_->get(k); }
+  std::vector<uint8_t> get_range(const std::string& k, uint64_t o, uint64_t n) override { return inner_->get_range(k, o, n); }
+  std::optional<ObjectInfo> head(const std::string& k) override { return inner_->head(k); }
+  std::vector<ObjectInfo> list(const std::string& p) override { return inner_->list(p); }
+  void remove(const std::string& k) override { inner_->remove(k); }
+  std::atomic<int> fail_next_{0};
+
+ private:
+  std::shared_ptr<Store> inner_;
+  std::chrono::milliseconds delay_;
+};
+
+TEST(PublishSubscribe, FallingBehindMergesPendingVersions) {
+  TempDir dir;
+  auto slow = std::make_shared<SlowStore>(open_store(dir.path().string()), std::chrono::milliseconds(30));
+  Trainer trainer;
+  PublisherOptions options;
+  options.anchor_every = 0;
+  options.anchor_share = 0;
+  options.max_pending = 1;
+  Publisher publisher(slow, trainer.meta, options);
+  publisher.publish(1, trainer.refs());
+  for (uint64_t v = 2; v <= 12; ++v) {
+    trainer.step();
+    publisher.publish(v, trainer.refs());  // never waits for the store
+  }
+  publisher.flush();
+  auto stats = publisher.stats();
+  uint64_t covered = 0;
+  for (const auto& s : stats) covered += s.merged_versions;
+  EXPECT_EQ(covered, 12u);
+  EXPECT_LT(stats.size(), 12u) << "uploads 30 ms each cannot keep up with back-to-back publishes";
+  EXPECT_EQ(stats.back().version, 12u);
+  auto reader_store = open_store(dir.path().string());
+  Subscriber sub(*reader_store);
+  HostModel model;
+  sub.sync(model);
+  expect_identical(model, trainer, 12);
+  // The chain is intact: from the first version a reader walks only deltas.
+  HostModel from_first;
+  sub.sync(from_first, 1);
+  auto r = sub.sync(from_first);
+  EXPECT_FALSE(r.plan.anchor_version);
+  expect_identical(from_first, trainer, 12);
+}
+
+TEST(PublishSubscribe, FailedUploadIsReportedThenRetried) {
+  TempDir dir;
+  auto flaky = std::make_shared<SlowStore>(open_store(dir.path().string()), std::chrono::milliseconds(0));
+  Trainer trainer;
+  PublisherOptions options;
+  options.keep_anchors = 0;
+  Publisher publisher(flaky, trainer.meta, options);
+  publisher.publish(1, trainer.refs());
+  publisher.flush();
+  trainer.step();
+  flaky->fail_next_ = 1;
+  publisher.publish(2, trainer.refs());
+  std::string msg = error_message([&] { publisher.flush(); });
+  EXPECT_NE(msg.find("HTTP 503"), std::string::npos) << msg;
+  protocol::Catalog catalog(*flaky);
+  EXPECT_FALSE(catalog.find(2)) << "a failed upload must not leave a visible version";
+  publisher.flush();  // retried
+  EXPECT_TRUE(catalog.find(2));
+  trainer.step();
+  publisher.publish(3, trainer.refs());
+  publisher.flush();
+  Subscriber sub(*flaky);
+  HostModel model;
+  sub.sync(model);
+  expect_identical(model, trainer, 3);
+  EXPECT_NE(error_message([&] { publisher.publish(3, trainer.refs()); }).find("not newer"), std::string::npos);
+}
+
+TEST(PublishSubscribe, RetentionKeepsReadersWorking) {
+  TempDir dir;
+  std::shared_ptr<Store> store = open_store(dir.path().string());
+  Trainer trainer;
+  PublisherOptions options;
+  options.anchor_every = 4;
+  options.anchor_share = 0;
+  options.keep_anchors = 2;
+  Publisher publisher(store, trainer.meta, options);
+  for (uint64_t v = 1; v <= 14; ++v) {
+    if (v > 1) trainer.step();
+    publisher.publish(v, trainer.refs());
+    publisher.flush();
+  }
+  protocol::Catalog catalog(*store);
+  auto versions = catalog.refresh();
+  EXPECT_EQ(versions.front(), 9u);  // anchors at 1, 5, 9, 13: keep 9 and 13
+  EXPECT_EQ(versions.back(), 14u);
+  Subscriber sub(*store);
+  HostModel model;
+  sub.sync(model);
+  expect_identical(model, trainer, 14);
+}
+
+}  // namespace

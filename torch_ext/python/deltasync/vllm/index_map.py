@@ -1,0 +1,151 @@
+"""How a Hugging Face parameter's flat indices land in a vLLM worker's runtime parameters.
+
+vLLM fuses q/k/v and gate/up projections, shards tensors for tensor parallelism (along the
+output or the input dimension), pads vocabularies and ties embeddings; its loaders know all
+that. We ask them once: every runtime parameter is filled with a sentinel (-1), then each HF
+tensor is loaded through the model's own `load_weights` as a probe whose elements are digits of
+their own flat index (small integers, exact in any float dtype, 1..B-1, so that 0 -- which
+loaders use to fill padding -- is told apart). Reading back which runtime elements now hold
+which digits, pass after pass, gives for each runtime element the HF index it came from.
+The result is compressed into runs of positions contiguous on both sides, so a TP shard of a
+row-sharded matrix is one run and a column-sharded one is one run per row -- never one entry
+per element.
+
+Applying a delta: for each changed HF index, a binary search over the runs of each target gives
+the runtime position; the positions of all targets then go into one deltasync apply (one
+scatter). O(changed · log runs).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SENTINEL = -1.0
+
+# Largest B such that the integers -1 .. B-1 are exact in the dtype.
+_EXACT_INTEGERS = {
+    torch.bfloat16: 257, torch.float16: 2049, torch.float32: 2**24 + 1,
+    torch.float8_e4m3fn: 17, torch.float8_e5m2: 9,
+}
+
+
+def digit_base(dtypes) -> int:
+    return min(_EXACT_INTEGERS.get(d, 0) for d in dtypes)
+
+
+@dataclass
+class TargetRuns:
+    """Runs of one HF tensor inside one runtime parameter, sorted by hf_start (non-overlapping)."""
+
+    param_index: int
+    hf_start: torch.Tensor   # int64 [R]
+    length: torch.Tensor     # int64 [R]
+    rt_start: torch.Tensor   # int64 [R]
+
+    @property
+    def elements(self) -> int:
+        return int(self.length.sum())
+
+    def lookup(self, hf_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mask of indices this target holds, their runtime positions)."""
+        r = torch.searchsorted(self.hf_start, hf_indices, right=True) - 1
+        rc = r.clamp(min=0)
+        held = (r >= 0) & (hf_indices < self.hf_start[rc] + self.length[rc])
+        positions = self.rt_start[rc] + (hf_indices - self.hf_start[rc])
+        return held, positions[held]
+
+    def to(self, device) -> "TargetRuns":
+        return TargetRuns(self.param_index, self.hf_start.to(device), self.length.to(device), self.rt_start.to(device))
+
+
+@dataclass
+class IndexMap:
+    """Everything one worker knows about where HF tensors live in its runtime parameters."""
+
+    param_names: list[str]
+    params: list[torch.Tensor]
+    hf_tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]
+    targets: dict[str, list[TargetRuns]]  # HF name -> where its elements go (may be empty: not on this rank)
+
+    def runs(self) -> int:
+        return sum(t.hf_start.numel() for ts in self.targets.values() for t in ts)
+
+    def bytes(self) -> int:
+        return self.runs() * 3 * 8
+
+    def describe(self) -> str:
+        mapped = sum(t.elements for ts in self.targets.values() for t in ts)
+        return f"{len(self.targets)} HF tensors -> {len(self.params)} runtime params, {mapped} elements in {self.runs()} runs"
+
+
+def _runs(hf: torch.Tensor, rt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    order = torch.argsort(hf)
+    hf, rt = hf[order], rt[order]
+    if hf.numel() > 1 and bool((hf[1:] == hf[:-1]).any()):
+        raise ValueError("an HF element lands twice in one runtime parameter")
+    breaks = torch.ones(hf.numel(), dtype=torch.bool, device=hf.device)
+    if hf.numel() > 1:
+        breaks[1:] = (hf[1:] != hf[:-1] + 1) | (rt[1:] != rt[:-1] + 1)
+    starts = breaks.nonzero().reshape(-1)
+    ends = torch.cat([starts[1:], torch.tensor([hf.numel()], device=hf.device)])
+    return hf[starts], ends - starts, rt[starts]
+
+
+@torch.no_grad()
+def learn_index_maps(model: torch.nn.Module, hf_tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]],
+                     load_weights=None) -> IndexMap:
+    """Probes `model` through its own load_weights (or the given callable). Destroys the
+    model's weights: load real ones afterwards (an anchor)."""
+    load = load_weights or model.load_weights
+    named = [(n, p) for n, p in model.named_parameters() if p.dtype.is_floating_point]
+    names = [n for n, _ in named]
+    params = [p.data for _, p in named]
+    device = params[0].device
+    base = digit_base({p.dtype for p in params} | {d for d, _ in hf_tensors.values()}) - 1  # digits 1..base
+    if base < 2:
+        raise ValueError("deltasync.vllm: parameter dtypes cannot hold probe digits")
+    for p in params:
+        p.fill_(SENTINEL)
+    targets: dict[str, list[TargetRuns]] = {}
+    for hf_name, (dtype, shape) in hf_tensors.items():
+        numel = math.prod(shape)
+        positions = torch.arange(numel, device=device, dtype=torch.int64)
+        passes = max(1, math.ceil(math.log(max(numel, 2)) / math.log(base)))
+        touched: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (param, runtime positions, hf index)
+        scale = 1
+        for j in range(passes):
+            digit = (positions // scale) % base + 1
+            load([(hf_name, digit.to(dtype).reshape(shape))])
+            if j == 0:
+                for k, p in enumerate(params):
+                    flat = p.reshape(-1)
+                    written = (flat != SENTINEL).nonzero().reshape(-1)
+                    if written.numel():
+                        touched.append((k, written, torch.zeros_like(written)))
+            for t, (k, written, index) in enumerate(touched):
+                flat = params[k].reshape(-1)
+                values = flat.index_select(0, written).to(torch.float32)
+                if j == 0:
+                    # Elements a loader sets to a constant (padding rows filled with 0) are not copies.
+                    copied = (values >= 1) & (values <= base)
+                    written, values, index = written[copied], values[copied], index[copied]
+                    touched[t] = (k, written, index)
+                elif bool(((values < 1) | (values > base)).any()):
+                    raise ValueError(f"deltasync.vllm: the loader of {hf_name} does not copy values (probe changed)")
+                index += (values.to(torch.int64) - 1) * scale
+            # Reset what the probe wrote (constant fills included) for the next pass / tensor.
+            for k, _, _ in touched:
+                params[k].fill_(SENTINEL)
+            scale *= base
+        runs = []
+        for k, written, index in touched:
+            if written.numel() == 0:
+                continue
+            if bool(((index < 0) | (index >= numel)).any()):
+                raise ValueError(f"deltasync.vllm: probe of {hf_name} decoded to out-of-range indices")
+            hf_start, length, rt_start = _runs(index, written)
+            runs.append(TargetRuns(k, hf_start, length, rt_start))
+        targets[hf_name] = runs
+    return IndexMap(names, params, dict(hf_tensors), targets)
