@@ -6,13 +6,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <optional>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
+#include <thread>
 
 #include "deltasync/error.hpp"
 #include "host_fixture.hpp"
@@ -29,6 +31,13 @@ std::string utc_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
+}
+
+// The 1-minute load average: on a shared machine it says how much the numbers can be trusted.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  return in >> one ? one : "unknown";
 }
 
 std::string hostname() {
@@ -165,6 +174,7 @@ int run(int argc, char** argv) {
   context.host = hostname();
   context.command = o.command_line;
   context.commit = source_commit();
+  const std::string load_at_start = load_average();
   std::set<std::string> usable;
   for (const auto& d : devices()) {
     if (!device_selected(o, d.name)) continue;
@@ -240,6 +250,8 @@ int run(int argc, char** argv) {
     }
   }
 
+  context.messages.push_back("load average (1 min) at start " + load_at_start + ", at end " + load_average() + ", on " +
+                             std::to_string(std::thread::hardware_concurrency()) + " hardware threads");
   const std::string markdown = markdown_report(context, peaks.rows(), rows);
   std::cout << markdown;
   if (!o.markdown_path.empty()) write_text_file(o.markdown_path, markdown);

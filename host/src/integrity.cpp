@@ -241,22 +241,18 @@ ApplyReport finish_verified(std::span<const TensorRef> targets, std::span<const 
 
 }  // namespace
 
-ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
-                           const DeltaDigests& expected, std::span<uint64_t> current_digests,
-                           std::optional<uint64_t> current_version) {
+void check_before_apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                        const DeltaDigests& expected, std::span<const uint64_t> current_digests,
+                        std::optional<uint64_t> current_version) {
   const std::string delta = "delta " + std::to_string(expected.model_version);
   if (patches.size() != targets.size() || current_digests.size() != targets.size())
     throw Error(delta + ": apply needs one patch and one current digest per target (" + std::to_string(targets.size()) +
                 " targets, " + std::to_string(patches.size()) + " patches, " + std::to_string(current_digests.size()) +
                 " digests)");
-
-  // 1. Every patch fits its target (throws, nothing written). The scatter below relies on it.
-  cpu::validate(targets, patches);
-
-  // 2. The delta's digests name exactly the tensors it changes, and the base is ours.
   std::unordered_map<std::string_view, size_t> by_name;
   for (size_t t = 0; t < targets.size(); ++t)
-    if (!by_name.emplace(targets[t].name, t).second) throw Error(delta + ": target tensor " + std::string(targets[t].name) + " appears twice");
+    if (!by_name.emplace(targets[t].name, t).second)
+      throw Error(delta + ": target tensor " + std::string(targets[t].name) + " appears twice");
   for (size_t t = 0; t < targets.size(); ++t)
     if (patches[t].count > 0 && (!expected.base.contains(targets[t].name) || !expected.result.contains(targets[t].name)))
       throw Error(delta + " changes tensor " + std::string(targets[t].name) + " but records no base/result digest for it");
@@ -267,6 +263,17 @@ ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const P
     if (it == by_name.end()) return std::nullopt;
     return current_digests[it->second];
   });
+}
+
+ApplyReport apply_verified(ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                           const DeltaDigests& expected, std::span<uint64_t> current_digests,
+                           std::optional<uint64_t> current_version) {
+  // 1. Every patch fits its target (throws, nothing written). The scatter below relies on it.
+  cpu::validate(targets, patches);
+  // 2. The delta's digests name exactly the tensors it changes, and the base is ours.
+  check_before_apply(targets, patches, expected, current_digests, current_version);
+  std::unordered_map<std::string_view, size_t> by_name;
+  for (size_t t = 0; t < targets.size(); ++t) by_name.emplace(targets[t].name, t);
 
   // 3. Scatter, saving the bits each write replaces: one pass over the changed positions (the
   //    random accesses are the whole cost of an apply, so saving must not add a second pass).

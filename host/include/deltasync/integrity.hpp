@@ -99,6 +99,14 @@ void check_base(const DeltaDigests& expected, std::optional<uint64_t> current_ve
 // Throws Error("delta N result digest mismatch for tensor NAME: expected HEX, got HEX").
 void check_result(const DeltaDigests& expected, const DigestMap& actual);
 
+// The checks of a verified apply that need no tensor data (used by apply_verified and by its
+// GPU twin cuda::VerifiedApplier): one patch and one current digest per target, unique target
+// names, a base and a result digest for every tensor the delta changes, then check_base.
+// Patch positions are not looked at (cpu::validate / the device validator do that).
+void check_before_apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                        const DeltaDigests& expected, std::span<const uint64_t> current_digests,
+                        std::optional<uint64_t> current_version);
+
 struct ApplyReport {
   uint64_t tensors_changed = 0;
   uint64_t elements_changed = 0;
