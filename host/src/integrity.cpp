@@ -265,7 +265,7 @@ void check_before_apply(std::span<const TensorRef> targets, std::span<const Patc
   });
 }
 
-ApplyReport apply_verified(ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                            const DeltaDigests& expected, std::span<uint64_t> current_digests,
                            std::optional<uint64_t> current_version) {
   // 1. Every patch fits its target (throws, nothing written). The scatter below relies on it.
