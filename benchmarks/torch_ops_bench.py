@@ -1,35 +1,50 @@
 #!/usr/bin/env python3
 """torch.ops.deltasync encode / apply against the torch eager equivalents, in one run.
 
-    python benchmarks/torch_ops_bench.py [--elements 64e6] [--density 0.01] [--device cpu|cuda]
+    python benchmarks/torch_ops_bench.py [--scale 0.5] [--density 0.01] [--device cpu|cuda] [--threads N]
 
 Eager encode = per tensor `ne` + `nonzero` + `index_select` (+ `index_copy_` into the shadow, so
 both sides leave the shadow up to date); eager apply = per tensor `index_copy_`. Also prints a
 same-run copy (`shadow.copy_(current)`) of the whole model as the memory-bandwidth yardstick.
-Times are the best of --repeat runs; the model is a realistic mix of tensor sizes in bf16.
+Times are the best of --repeat runs; the model is Qwen3-0.6B's list of 311 bf16 tensors, scaled.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
-import torch
 
-import deltasync
-from deltasync import ops
+def _threads_from_argv() -> int | None:
+    # DELTASYNC_THREADS must be set before the library starts its pool (at import).
+    if "--threads" in sys.argv:
+        return int(sys.argv[sys.argv.index("--threads") + 1])
+    return None
+
+
+if _threads_from_argv():
+    os.environ["DELTASYNC_THREADS"] = str(_threads_from_argv())
+
+import torch  # noqa: E402
+
+import deltasync  # noqa: E402
+from deltasync import ops  # noqa: E402
 
 INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
-def model_shapes(elements: int, hidden: int = 1024) -> list[tuple[int, ...]]:
-    """Transformer-like: an embedding, then blocks of (4 h×h, 3 h×3h-ish, 2 norms) until full."""
-    shapes = [(elements // 8 // hidden, hidden)]
-    total = shapes[0][0] * hidden
-    while total < elements:
-        for s in [(hidden, hidden)] * 4 + [(hidden * 3, hidden)] * 2 + [(hidden, hidden * 3), (hidden,), (hidden,)]:
-            shapes.append(s)
-            total += torch.Size(s).numel()
+def model_shapes(scale: float) -> list[tuple[int, ...]]:
+    """Qwen3-0.6B's tensor list (311 tensors: embedding, 28 layers of q/k/v/o, gate/up/down, four
+    norms, final norm) with every matrix dimension multiplied by `scale` (1.0: 0.6B elements)."""
+    d = lambda x: max(1, int(x * scale))  # noqa: E731
+    hidden, inter, q, kv, vocab, head = d(1024), d(3072), d(2048), d(1024), d(151936), 128
+    shapes = [(vocab, hidden)]
+    for _ in range(28):
+        shapes += [(q, hidden), (kv, hidden), (kv, hidden), (hidden, q), (inter, hidden), (inter, hidden),
+                   (hidden, inter), (hidden,), (hidden,), (head,), (head,)]
+    shapes.append((hidden,))
     return shapes
 
 
@@ -70,15 +85,18 @@ def eager_apply(targets, indices, values):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--elements", type=float, default=64e6)
+    ap.add_argument("--scale", type=float, default=0.5, help="matrix dims x scale of Qwen3-0.6B (0.5: 150M elements)")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, help="threads for both sides (torch intra-op and deltasync's pool)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     g = torch.Generator().manual_seed(0)
-    shapes = model_shapes(int(args.elements))
+    shapes = model_shapes(args.scale)
     base = [(torch.randn(s, generator=g) * 0.05).to(torch.bfloat16).to(device) for s in shapes]
     current = []
     for b in base:
@@ -107,6 +125,18 @@ def main():
     results["changed"] = int(counts.sum())
     results["apply_ops_s"] = best_of(lambda: ops.apply(targets, indices, values, counts), lambda: None, args.repeat, device)
     results["apply_eager_s"] = best_of(lambda: eager_apply(targets, e_idx, e_val), lambda: None, args.repeat, device)
+    # Inference-side pause: the delta arrives in (pinned) host memory; copy it to the device and
+    # scatter it into the weights.
+    pin = device.type == "cuda"
+    h_idx, h_val = indices.cpu(), values.cpu()
+    if pin:
+        h_idx, h_val = h_idx.pin_memory(), h_val.pin_memory()
+    h_counts = counts.cpu()
+
+    def pause():
+        ops.apply(targets, h_idx.to(device, non_blocking=True), h_val.to(device, non_blocking=True), h_counts)
+
+    results["pause_s"] = best_of(pause, lambda: None, args.repeat, device)
     for t, c in zip(targets, current):
         assert torch.equal(t.view(torch.int16), c.view(torch.int16))
     results["encode_speedup"] = results["encode_eager_s"] / results["encode_ops_s"]
@@ -119,6 +149,8 @@ def main():
     print(f"  encode  torch eager   {results['encode_eager_s'] * 1e3:8.2f} ms  -> deltasync {results['encode_speedup']:.1f}x faster")
     print(f"  apply   deltasync     {results['apply_ops_s'] * 1e3:8.2f} ms")
     print(f"  apply   torch eager   {results['apply_eager_s'] * 1e3:8.2f} ms  -> deltasync {results['apply_speedup']:.1f}x faster")
+    print(f"  pause (host->device + apply) {results['pause_s'] * 1e3:8.2f} ms "
+          f"for {(h_idx.numel() * 8 + h_val.numel()) / 1e6:.1f} MB of delta")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

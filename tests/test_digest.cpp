@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "deltasync/digest.hpp"
@@ -98,6 +100,24 @@ TEST(Digest, AnyChunkingAndOrderGivesTheSameDigest) {
     std::vector<uint8_t> permuted(bytes.size());
     for (uint64_t k = 0; k < numel; ++k) std::memcpy(&permuted[k * width], &bytes[perm[k] * width], width);
     EXPECT_EQ(ds::digest_scattered(width, numel, perm.data(), 8, permuted.data()), whole);
+  }
+}
+
+TEST(Digest, AnyThreadCountGivesTheSameDigest) {
+  // Slices summed by 1, 3 or 7 threads of our own (not the pool), in whatever order they finish.
+  const uint64_t numel = 1'000'003;
+  const auto bytes = random_bytes(numel * 2, 5);
+  const uint64_t whole = ds::digest_tensor(ds::ConstTensorRef{"t", bytes.data(), numel, 2});
+  for (unsigned threads : {1u, 3u, 7u}) {
+    std::atomic<uint64_t> sum{0};
+    std::vector<std::thread> pool;
+    for (unsigned k = 0; k < threads; ++k)
+      pool.emplace_back([&, k] {
+        const uint64_t first = numel * k / threads, last = numel * (k + 1) / threads;
+        sum.fetch_add(ds::digest_slice(2, bytes.data() + first * 2, first, last - first));
+      });
+    for (auto& th : pool) th.join();
+    EXPECT_EQ(sum.load(), whole) << threads << " threads";
   }
 }
 

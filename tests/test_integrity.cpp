@@ -244,6 +244,25 @@ TEST(IntegrityApply, AppliesAndUpdatesDigestsInPlace) {
   EXPECT_EQ(current, ds::digest_tensors(f.refs(f.next)));
 }
 
+TEST(IntegrityApply, Int32IndicesAsFilesStoreThem) {
+  Fixture f;
+  const auto expected = f.digests();
+  auto weights = f.base;
+  auto targets = f.targets(weights);
+  auto patches = f.patches();
+  std::vector<std::vector<int32_t>> narrow(patches.size());
+  for (size_t t = 0; t < patches.size(); ++t) {
+    const auto* wide = static_cast<const int64_t*>(patches[t].indices);
+    narrow[t].assign(wide, wide + patches[t].count);
+    patches[t].indices = narrow[t].data();
+    patches[t].index_width = 4;
+  }
+  std::vector<uint64_t> current = ds::digest_tensors(f.refs(weights));
+  in::apply_verified(targets, patches, expected, current, 7);
+  EXPECT_EQ(weights, f.next);
+  EXPECT_EQ(current, ds::digest_tensors(f.refs(f.next)));
+}
+
 TEST(IntegrityApply, WrongBaseIsRefusedWithNothingWritten) {
   Fixture f;
   const auto expected = f.digests();

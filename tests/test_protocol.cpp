@@ -115,7 +115,10 @@ TEST(Protocol, CommitIsExclusiveAndLatestOnlyMovesForward) {
   EXPECT_FALSE(read_latest(*store));
   Manifest m = make_version(*store, 5, std::nullopt, 0, 100, std::nullopt);
   EXPECT_EQ(read_latest(*store), 5u);
-  EXPECT_FALSE(commit_version(*store, m));  // written once
+  EXPECT_TRUE(commit_version(*store, m));  // a retry of the same commit (lost answer) is not a conflict
+  Manifest other = m;
+  other.created_unix_ms += 1;
+  EXPECT_FALSE(commit_version(*store, other));  // but a different manifest never replaces it
   make_version(*store, 3, std::nullopt, 0, 100, std::nullopt);
   EXPECT_EQ(read_latest(*store), 5u);
   store->put(kLatestKey, bytes_of("garbage"));

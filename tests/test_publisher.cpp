@@ -223,7 +223,7 @@ class SlowStore final : public Store {
   std::string url() const override { return inner_->url(); }
   void put(const std::string& k, std::span<const uint8_t> b) override {
     std::this_thread::sleep_for(delay_);
-    if (fail_next_ > 0) {
+    if (fail_next_ > 0 && (fail_only_key_.empty() || k == fail_only_key_)) {
       --fail_next_;
       throw Error(describe(k) + ": PUT failed after 5 attempts: HTTP 503 (injected)");
     }
@@ -236,6 +236,7 @@ class SlowStore final : public Store {
   std::vector<ObjectInfo> list(const std::string& p) override { return inner_->list(p); }
   void remove(const std::string& k) override { inner_->remove(k); }
   std::atomic<int> fail_next_{0};
+  std::string fail_only_key_;  // fail only puts of this key (empty: any)
 
  private:
   std::shared_ptr<Store> inner_;
@@ -301,6 +302,23 @@ TEST(PublishSubscribe, FailedUploadIsReportedThenRetried) {
   HostModel model;
   sub.sync(model);
   expect_identical(model, trainer, 3);
+
+  // A failure after the manifest is written (LATEST): the retry must not upload the version
+  // again, only finish it.
+  trainer.step();
+  flaky->fail_only_key_ = protocol::kLatestKey;
+  flaky->fail_next_ = 1;
+  publisher.publish(4, trainer.refs());
+  EXPECT_NE(error_message([&] { publisher.flush(); }).find("LATEST"), std::string::npos);
+  EXPECT_TRUE(catalog.find(4)) << "the manifest was written before LATEST failed";
+  EXPECT_EQ(protocol::read_latest(*flaky), 3u);
+  const size_t deltas_before = flaky->list("deltas/").size();
+  publisher.flush();
+  EXPECT_EQ(protocol::read_latest(*flaky), 4u);
+  EXPECT_EQ(flaky->list("deltas/").size(), deltas_before);
+  sub.sync(model);
+  expect_identical(model, trainer, 4);
+  EXPECT_EQ(publisher.state().last_version, 4u);
   EXPECT_NE(error_message([&] { publisher.publish(3, trainer.refs()); }).find("not newer"), std::string::npos);
 }
 

@@ -1,7 +1,9 @@
 // CPU-twin benchmarks and the CPU's same-run peak (memcpy).
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include "deltasync/cpu_engine.hpp"
@@ -55,7 +57,16 @@ std::vector<Result> measure_memcpy(uint64_t bytes, const SamplingPolicy& policy)
   return rows;
 }
 
-Registration peak_cpu(PeakProvider{"cpu", measure_memcpy, {"memcpy", "memcpy_1t"}});
+// One multithreaded memcpy of `bytes`, timed; buffers live as long as the returned callable.
+std::function<double()> memcpy_sampler(uint64_t bytes) {
+  auto src = std::make_shared<AlignedBytes>(allocate_aligned(bytes));
+  auto dst = std::make_shared<AlignedBytes>(allocate_aligned(bytes));
+  fill_random({src->data(), src->size}, 0xC0FFEE);
+  parallel_copy(dst->data(), src->data(), bytes);  // first touch outside any timing
+  return [src, dst, bytes] { return time_seconds([&] { parallel_copy(dst->data(), src->data(), bytes); }); };
+}
+
+Registration peak_cpu(PeakProvider{"cpu", memcpy_sampler, measure_memcpy, {"memcpy", "memcpy_1t"}});
 
 // --- full copy of the weights: what a dense sync moves in memory ---------------------------
 
@@ -77,6 +88,51 @@ void full_copy(State& state) {
 
 Registration full_copy_cpu(Benchmark{"full_copy", "cpu", kDenseAxes,
                                      "baseline: copy every weight into a second buffer (what a dense sync moves)", full_copy});
+
+// --- diff scan: the floor under encode -----------------------------------------------------
+
+// Reads both buffers in 64-byte blocks (eight 64-bit XORs OR-ed together, which compilers
+// vectorize) and counts the blocks that differ, on the CPU twin's pool, with no output: what any
+// encode must at least do. encode's time over this row's time is what finding the changed
+// elements inside differing blocks, compaction and the shadow update add.
+void diff_scan(State& state) {
+  auto f = make_host_fixture(state, 2);
+  if (!f) return;
+  const double n = static_cast<double>(f->model.total_elements());
+  state.declare(n, 2.0 * n * f->model.width());
+  const uint64_t blocks = f->model.arena_bytes() / 64;  // arenas are whole 64-byte lines
+  constexpr uint64_t kChunkBlocks = uint64_t{1} << 15;   // 2 MiB per task, as the twin splits work
+  const size_t tasks = (blocks + kChunkBlocks - 1) / kChunkBlocks;
+  std::vector<uint64_t> differing(tasks);
+  const auto* a = f->current.data();
+  const auto* b = f->shadow.data();
+  state.measure([&] {
+    return time_seconds([&] {
+      parallel_for(tasks, [&](size_t t) {
+        uint64_t count = 0;
+        const uint64_t end = std::min(blocks, (t + 1) * kChunkBlocks);
+        for (uint64_t k = t * kChunkBlocks; k < end; ++k) {
+          uint64_t diff = 0;
+          for (int w = 0; w < 8; ++w) {
+            uint64_t x, y;
+            std::memcpy(&x, a + 64 * k + 8 * w, 8);
+            std::memcpy(&y, b + 64 * k + 8 * w, 8);
+            diff |= x ^ y;
+          }
+          count += diff != 0;
+        }
+        differing[t] = count;
+      });
+    });
+  });
+  uint64_t total = 0;
+  for (uint64_t d : differing) total += d;
+  if (f->changed > 0 && total == 0) throw Error("diff_scan: found no differing words in changed inputs");
+}
+
+Registration diff_scan_cpu(Benchmark{"diff_scan", "cpu", kModelAxes,
+                                     "floor: word-at-a-time compare of both buffers, no output (what encode must at least read)",
+                                     diff_scan});
 
 // --- encode: diff + compaction + shadow update ---------------------------------------------
 

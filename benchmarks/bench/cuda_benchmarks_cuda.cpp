@@ -130,7 +130,9 @@ std::vector<Result> measure_d2d(uint64_t bytes, const SamplingPolicy& policy) {
   return {state.result("d2d_copy")};
 }
 
-Registration peak_cuda(PeakProvider{"cuda", measure_d2d, {"d2d_copy"}});
+// A GPU is not shared the way this project's CPUs are: the standalone d2d peak is the
+// denominator (no interleaved copies, which would also disturb the L2 between samples).
+Registration peak_cuda(PeakProvider{"cuda", {}, measure_d2d, {"d2d_copy"}});
 
 // --- the model on the device ---------------------------------------------------------------
 

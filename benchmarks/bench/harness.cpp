@@ -71,14 +71,26 @@ void State::add_note(const std::string& key, const std::string& value) {
   notes_ += key + '=' + value;
 }
 
+std::optional<uint64_t> State::reference_bytes() const {
+  if (peak_bytes_) return peak_bytes_;
+  if (!has_axis(kAxisElements) || !has_axis(kAxisDtype)) return std::nullopt;
+  return elements() * width();
+}
+
 void State::measure(const std::function<double()>& sample) {
   if (skipped()) return;
+  std::function<double()> reference;
+  if (make_reference_)
+    if (auto bytes = reference_bytes(); bytes && *bytes > 0) reference = make_reference_(*bytes), reference_size_ = *bytes;
   sample();  // warm-up: first-touch faults, pool start, allocator growth, cache state
+  if (reference) reference();
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   samples_.clear();
+  reference_samples_.clear();
   for (;;) {
     samples_.push_back(sample());
+    if (reference) reference_samples_.push_back(reference());
     const int n = static_cast<int>(samples_.size());
     if (n >= policy_.max_samples) break;
     if (elapsed() >= policy_.timeout_s && n >= 1) break;
@@ -98,6 +110,19 @@ Result State::result(const std::string& benchmark) const {
   r.bytes = bytes_;
   r.notes = notes_;
   r.skipped = skipped_;
+  if (!reference_samples_.empty() && r.skipped.empty() && r.median_s > 0 && r.bytes > 0) {
+    // Utilization is the median over sample pairs of (this sample's bandwidth / the copy's just
+    // after it): each pair saw nearly the same machine load. peak_gbps is set so that
+    // Result::utilization() returns that median.
+    std::vector<double> ratios;
+    for (size_t i = 0; i < samples_.size() && i < reference_samples_.size(); ++i)
+      ratios.push_back((r.bytes / samples_[i]) / (2.0 * static_cast<double>(reference_size_) / reference_samples_[i]));
+    r.peak_gbps = r.gbps() / median_of(ratios);
+    r.peak_interleaved = true;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.2f", r.peak_gbps);
+    r.notes += std::string(r.notes.empty() ? "" : " ") + "copy=" + buf + "GB/s";
+  }
   return r;
 }
 

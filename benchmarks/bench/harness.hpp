@@ -52,6 +52,10 @@ struct Result {
   double elements = 0;
   double bytes = 0;
   double peak_gbps = 0;  // same-run copy bandwidth of a buffer of `peak_bytes`; 0 if none
+  // peak_gbps comes from copies interleaved with this state's samples: utilization() is then
+  // the median of per-pair ratios (see State::set_reference), and peak_gbps the bandwidth that
+  // ratio implies.
+  bool peak_interleaved = false;
   std::string notes;
   std::string skipped;  // non-empty: not measured, and why
 
@@ -86,11 +90,21 @@ class State {
   bool skipped() const { return !skipped_.empty(); }
 
   // Runs one untimed warm-up, then samples until the policy is met. `sample` does any reset
-  // it needs, then returns the seconds of its timed region only.
+  // it needs, then returns the seconds of its timed region only. With an interleaved reference
+  // (see set_reference), one copy of reference_bytes() is timed after every sample.
   void measure(const std::function<double()>& sample);
 
+  // Makes measure() time the device's copy of `bytes` bytes after every sample, so the peak the
+  // utilization divides by saw the same machine load as the benchmark (on a shared machine a
+  // peak measured minutes apart can be off by 2x). `make_sampler(bytes)` returns a callable
+  // timing one copy.
+  using SamplerFactory = std::function<std::function<double()>(uint64_t bytes)>;
+  void set_reference(SamplerFactory make_sampler) { make_reference_ = std::move(make_sampler); }
+  // Bytes of the buffer the utilization is measured against: compare_with_copy_of's, else
+  // Elements x width when the state has both axes; nullopt or 0: no utilization.
+  std::optional<uint64_t> reference_bytes() const;
+
   Result result(const std::string& benchmark) const;
-  std::optional<uint64_t> peak_bytes() const { return peak_bytes_; }
 
  private:
   std::string device_;
@@ -99,6 +113,9 @@ class State {
   double elements_ = 0, bytes_ = 0;
   std::optional<uint64_t> peak_bytes_;
   std::vector<double> samples_;
+  std::vector<double> reference_samples_;
+  uint64_t reference_size_ = 0;
+  SamplerFactory make_reference_;
   std::string notes_;
   std::string skipped_;
 };
@@ -117,6 +134,8 @@ struct Benchmark {
 // `bytes` bytes. Registered per device; results are cached per size and also reported as rows.
 struct PeakProvider {
   std::string device;
+  // When set, states of this device interleave one copy with every sample (State::set_reference).
+  State::SamplerFactory interleaved_sampler = {};
   std::function<std::vector<Result>(uint64_t bytes, const SamplingPolicy& policy)> measure;
   // The peak is the best bandwidth among these rows (CPU: memcpy on the twin's threads and on
   // one thread; on a busy machine either can be the faster, and the better one is the harder

@@ -35,7 +35,7 @@ struct Config {
   int steps = 24;
   uint64_t seed = 42;
   std::vector<double> densities;  // empty: one run at opt.lr
-  int calibration_steps = 3;
+  int calibration_steps = 0;  // 0: as many as measured_steps, so the measured density hits the target
   int measured_steps = 8;  // per density
   uint32_t block_elements = deltasync::compact::kDefaultBlockElements;
   int zstd_level = 3;
@@ -92,6 +92,7 @@ Config parse(int argc, char** argv) {
       usage(("unknown flag " + flag).c_str());
     }
   }
+  if (c.calibration_steps == 0) c.calibration_steps = c.measured_steps;
   if (c.steps < 1 || c.measured_steps < 1 || c.calibration_steps < 1) usage("step counts must be >= 1");
   return c;
 }
@@ -279,7 +280,7 @@ int main(int argc, char** argv) try {
   double lr = config.opt.lr;
   for (const double target : config.densities) {
     realistic::AdamW opt = config.opt;
-    for (int round = 0; round < 4; ++round) {
+    for (int round = 0; round < 5; ++round) {
       opt.lr = lr;
       sim.reset();
       pipeline.resync();
@@ -292,7 +293,7 @@ int main(int argc, char** argv) try {
       }
       const double density = static_cast<double>(changed) / elements;
       std::fprintf(stderr, "target %.4f: lr %.3g gives %.4f\n", target, lr, density);
-      if (density > 0 && std::abs(density / target - 1) < 0.05) break;
+      if (density > 0 && std::abs(density / target - 1) < 0.03) break;
       lr *= density > 0 ? std::clamp(target / density, 0.2, 5.0) : 5.0;
     }
     opt.lr = lr;

@@ -19,19 +19,48 @@ namespace {
 
 constexpr const char* kUsage = "apply BASE DELTA -o OUT [--cpu|--gpu]";
 
-// Digests of the tensors the delta changes, by name.
-integrity::DigestMap changed_digests(const CheckpointImage& image, const ResolvedDelta& delta) {
-  std::vector<ConstTensorRef> changed;
+// Full digests of the tensors the delta changes (0 for the others), in base tensor order.
+std::vector<uint64_t> changed_digests(const CheckpointImage& image, const ResolvedDelta& delta) {
   const std::vector<ConstTensorRef> all = image.views();
+  std::vector<ConstTensorRef> changed;
   for (size_t t = 0; t < all.size(); ++t)
     if (delta.patches[t].count) changed.push_back(all[t]);
   const std::vector<uint64_t> d = digest_tensors(changed);
-  integrity::DigestMap out;
-  for (size_t k = 0; k < changed.size(); ++k) out.emplace(std::string(changed[k].name), d[k]);
+  std::vector<uint64_t> out(all.size(), 0);
+  for (size_t t = 0, k = 0; t < all.size(); ++t)
+    if (delta.patches[t].count) out[t] = d[k++];
   return out;
 }
 
-void write_output(const std::string& path, CheckpointImage& image, const ResolvedDelta& delta) {
+integrity::DigestMap by_name(const CheckpointImage& image, const ResolvedDelta& delta, const std::vector<uint64_t>& d) {
+  integrity::DigestMap out;
+  for (size_t t = 0; t < image.meta.size(); ++t)
+    if (delta.patches[t].count) out.emplace(image.meta[t].name, d[t]);
+  return out;
+}
+
+// Applies with the delta's promises checked. On the CPU the result check costs O(changed
+// elements) (digests updated from the old bits, rolled back on a mismatch); the GPU path checks
+// the result by rehashing the changed tensors once they are back on the host. Returns the
+// digests after the apply (0 for unchanged tensors).
+std::vector<uint64_t> apply_checked(Backend backend, CheckpointImage& image, const ResolvedDelta& delta,
+                                    const integrity::DeltaDigests& promises) {
+  std::vector<uint64_t> digests = changed_digests(image, delta);
+  const std::vector<TensorRef> targets = image.targets();
+  const auto version = recorded_version(image.file);
+  if (backend == Backend::Cpu) {
+    integrity::apply_verified(targets, delta.patches, promises, digests, version);
+    return digests;
+  }
+  integrity::check_base(promises, version, by_name(image, delta, digests));
+  apply_on(backend, targets, delta.patches);
+  digests = changed_digests(image, delta);
+  integrity::check_result(promises, by_name(image, delta, digests));
+  return digests;
+}
+
+void write_output(const std::string& path, CheckpointImage& image, const ResolvedDelta& delta,
+                  const std::vector<uint64_t>& new_digests) {
   const st::Metadata& old_md = image.file.metadata();
   const bool versioned = old_md.count("model_version") > 0;
   const auto old_digests = integrity::read_checkpoint_digests(old_md, image.file.label());
@@ -44,7 +73,9 @@ void write_output(const std::string& path, CheckpointImage& image, const Resolve
   if (versioned) md["model_version"] = std::to_string(delta.info.model_version);
   if (old_digests) {
     integrity::DigestMap digests = *old_digests;
-    for (const auto& [name, d] : changed_digests(image, delta)) digests[name] = d;
+    const bool known = !new_digests.empty();
+    const std::vector<uint64_t> fresh = known ? new_digests : changed_digests(image, delta);
+    for (const auto& [name, d] : by_name(image, delta, fresh)) digests[name] = d;
     integrity::put_checkpoint_digests(md, digests);
   }
   std::vector<st::WriteTensor> tensors;
@@ -67,23 +98,17 @@ int run_apply(const Args& raw) {
   resolve_delta(delta_file, image.meta, image.views(), delta);
 
   const auto promises = integrity::read_delta_digests(delta.info, delta_file.label());
+  std::vector<uint64_t> new_digests;
   if (promises) {
     try {
-      integrity::check_base(*promises, recorded_version(image.file), changed_digests(image, delta));
+      new_digests = apply_checked(backend, image, delta, *promises);
     } catch (const Error& e) {
       throw Error(delta_file.label() + ": " + e.what());
     }
+  } else {
+    apply_on(backend, image.targets(), delta.patches);
   }
-  const std::vector<TensorRef> targets = image.targets();
-  apply_on(backend, targets, delta.patches);
-  if (promises) {
-    try {
-      integrity::check_result(*promises, changed_digests(image, delta));
-    } catch (const Error& e) {
-      throw Error(delta_file.label() + ": " + e.what());
-    }
-  }
-  write_output(out_path, image, delta);
+  write_output(out_path, image, delta, new_digests);
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s: applied %llu changes to %zu tensors (%s delta, %s), %s backend, %.3f s\n", out_path.c_str(),

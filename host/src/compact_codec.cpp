@@ -97,7 +97,9 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
   if (delta.num_tensors() != tensors.size())
     throw Error("compact: delta has " + std::to_string(delta.num_tensors()) + " tensors, model has " +
                 std::to_string(tensors.size()));
-  if (delta.values.size() != delta.value_offsets.back() || delta.indices.size() != delta.total_changed())
+  if (tensors.empty()) return {};
+  if (delta.value_offsets.size() != delta.offsets.size() || delta.values.size() != delta.value_offsets.back() ||
+      delta.indices.size() != delta.total_changed())
     throw Error("compact: delta arrays do not match their offsets");
   if (delta.total_changed() > 0 && delta.base_values.size() != delta.values.size())
     throw Error("compact: delta lacks the base values the compact format encodes against");

@@ -206,7 +206,8 @@ void normalize(const std::array<uint32_t, kGapTokens>& counts, uint32_t limit, M
   if (sum < kScale) {
     m.freq[largest] += static_cast<uint32_t>(kScale - sum);
   } else {
-    // Take the excess from the largest frequencies first, one unit at a time, never below 1.
+    // Take the excess from the currently largest frequency (first such symbol), at most half of
+    // it at a time, so no used symbol drops below 1.
     while (sum > kScale) {
       uint32_t best = 0;
       for (uint32_t s = 0; s < m.num_symbols; ++s)
@@ -282,11 +283,16 @@ EncSymbol enc_symbol(uint32_t start, uint32_t freq) {
   return e;
 }
 
+// Renormalization emits 0, 1 or 2 bytes (x < 2^31 and x_max >= 2^19). Branch-free: both
+// candidate bytes are stored and the pointer moves by the count, because whether a symbol
+// emits is close to a coin flip and a mispredicted branch per symbol would dominate. The
+// buffer has slack in front, and stores below the final pointer are overwritten or ignored.
 inline void rans_put(uint32_t& x, uint8_t*& ptr, const EncSymbol& e) {
-  while (x >= e.x_max) {
-    *--ptr = static_cast<uint8_t>(x);
-    x >>= 8;
-  }
+  const uint32_t k = static_cast<uint32_t>(x >= e.x_max) + static_cast<uint32_t>(uint64_t{x} >= (uint64_t{e.x_max} << 8));
+  ptr[-1] = static_cast<uint8_t>(x);
+  ptr[-2] = static_cast<uint8_t>(x >> 8);
+  ptr -= k;
+  x = static_cast<uint32_t>(uint64_t{x} >> (8 * k));
   const uint32_t q = static_cast<uint32_t>((static_cast<uint64_t>(x) * e.rcp_freq) >> 32) >> e.rcp_shift;
   x += e.bias + q * e.cmpl_freq;
 }
@@ -311,9 +317,18 @@ class RansReader {
     const uint32_t slot = x & (kScale - 1);
     const uint32_t e = table[slot];
     x = (((e >> 8) & 0xFFF) + 1) * (x >> kScaleBits) + slot - (e >> 20);
-    while (x < kRansLow) {
-      if (ptr_ == end_) throw BlockError("rANS stream truncated");
-      x = (x << 8) | *ptr_++;
+    // x >= 2^11 here, so 0, 1 or 2 bytes come back in; branch-free while 2 bytes remain (the
+    // count is as unpredictable as in the encoder).
+    if (end_ - ptr_ >= 2) {
+      const uint32_t k = static_cast<uint32_t>(x < kRansLow) + static_cast<uint32_t>(x < (kRansLow >> 8));
+      const uint64_t two = (uint64_t{x} << 16) | (uint32_t{ptr_[0]} << 8) | ptr_[1];
+      x = static_cast<uint32_t>(two >> (16 - 8 * k));
+      ptr_ += k;
+    } else {
+      while (x < kRansLow) {
+        if (ptr_ == end_) throw BlockError("rANS stream truncated");
+        x = (x << 8) | *ptr_++;
+      }
     }
     x_[Lane] = x;
     return e & 0xFF;

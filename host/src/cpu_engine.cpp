@@ -165,6 +165,12 @@ struct PatchTask {
   uint64_t begin, end;
 };
 
+// A compile-time width turns each element copy into one load and one store.
+template <uint32_t W>
+void scatter(uint8_t* dst, const PatchRef& p, const uint8_t* src, uint64_t begin, uint64_t end) {
+  for (uint64_t j = begin; j < end; ++j) std::memcpy(dst + index_at(p, j) * W, src + j * W, W);
+}
+
 std::vector<PatchTask> split_patches(std::span<const PatchRef> patches) {
   std::vector<PatchTask> tasks;
   for (size_t t = 0; t < patches.size(); ++t)
@@ -233,10 +239,13 @@ void apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches
   parallel_for(tasks.size(), [&](size_t k) {
     const PatchTask& task = tasks[k];
     const PatchRef& p = patches[task.tensor];
-    const uint32_t w = targets[task.tensor].width;
     auto* dst = static_cast<uint8_t*>(targets[task.tensor].data);
     const auto* src = static_cast<const uint8_t*>(p.values);
-    for (uint64_t j = task.begin; j < task.end; ++j) std::memcpy(dst + index_at(p, j) * w, src + j * w, w);
+    switch (targets[task.tensor].width) {
+      case 1: scatter<1>(dst, p, src, task.begin, task.end); break;
+      case 2: scatter<2>(dst, p, src, task.begin, task.end); break;
+      default: scatter<4>(dst, p, src, task.begin, task.end); break;
+    }
   });
 }
 

@@ -1,10 +1,11 @@
-// CPU digests. The hot loops (a contiguous slice; scattered positions) are compiled three times — AVX-512,
-// AVX2 and baseline x86-64/other — and picked once at run time, because the term costs two
-// 64-bit multiplies per element and only the vector units keep up with memory (baseline SSE2
-// has no 64-bit vector multiply). All three compute the same sum mod 2^64.
+// CPU digests. The two hot loops (a contiguous slice; scattered positions) are compiled three
+// times — AVX-512, AVX2 and baseline — and picked once at run time, because a term costs two
+// 64-bit multiplies and only the vector units keep up with memory (baseline SSE2 has no 64-bit
+// vector multiply). All three compute the same sum mod 2^64.
 #include "deltasync/digest.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -125,11 +126,16 @@ DELTASYNC_KERNELS(avx512, __attribute__((target("avx512f,avx512dq,avx512vl,avx51
 #undef DELTASYNC_SCATTERED_BODY
 #undef DELTASYNC_SLICE_BODY
 
+// The best path the CPU supports. DELTASYNC_DIGEST_ISA=baseline|avx2 caps it (tests use this to
+// check every path against the reference on one machine).
 Kernels pick_kernels() {
+  const char* cap = std::getenv("DELTASYNC_DIGEST_ISA");
+  const std::string_view limit = cap ? cap : "";
+  if (limit == "baseline") return {&slice_baseline, &scattered_baseline};
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512bw"))
+  if (limit != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
     return {&slice_avx512, &scattered_avx512};
   if (__builtin_cpu_supports("avx2")) return {&slice_avx2, &scattered_avx2};
 #endif

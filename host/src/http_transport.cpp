@@ -87,7 +87,10 @@ struct HeaderList {
 };
 
 std::string xml_field(std::string_view xml, std::string_view tag) {
-  std::string open = "<" + std::string(tag) + ">", close = "</" + std::string(tag) + ">";
+  // Appended piecewise: GCC 12 misreports `"<" + std::string&&` under -Wrestrict.
+  std::string open("<"), close("</");
+  open.append(tag).append(">");
+  close.append(tag).append(">");
   auto b = xml.find(open);
   if (b == std::string_view::npos) return {};
   b += open.size();

@@ -180,17 +180,37 @@ std::optional<uint64_t> read_latest(Store& store) {
   }
 }
 
-bool commit_version(Store& store, const Manifest& manifest) {
+bool write_manifest(Store& store, const Manifest& manifest) {
   std::string text = to_json(manifest);
   std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text.data()), text.size());
-  if (!store.put_if_absent(manifest_key(manifest.version), bytes)) return false;
+  if (!store.put_if_absent(manifest_key(manifest.version), bytes)) {
+    // A retried create whose first attempt did succeed (the answer was lost on the way back)
+    // finds its own manifest: the object names carry a per-upload nonce, so equal bytes mean
+    // it is ours.
+    std::vector<uint8_t> existing;
+    try {
+      existing = store.get(manifest_key(manifest.version));
+    } catch (const NotFoundError&) {
+      return false;
+    }
+    if (existing.size() != bytes.size() || !std::equal(existing.begin(), existing.end(), bytes.begin())) return false;
+  }
+  return true;
+}
+
+void advance_latest(Store& store, uint64_t version) {
   // LATEST only moves forward. With one publisher per store (the supported setup) the
   // read-compare-write cannot race with another writer.
   auto latest = read_latest(store);
-  if (!latest || *latest < manifest.version) {
-    std::string pointer = std::to_string(manifest.version) + "\n";
+  if (!latest || *latest < version) {
+    std::string pointer = std::to_string(version) + "\n";
     store.put(kLatestKey, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(pointer.data()), pointer.size()));
   }
+}
+
+bool commit_version(Store& store, const Manifest& manifest) {
+  if (!write_manifest(store, manifest)) return false;
+  advance_latest(store, manifest.version);
   return true;
 }
 

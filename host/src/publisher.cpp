@@ -9,6 +9,7 @@
 #include "deltasync/integrity.hpp"
 #include "deltasync/protocol.hpp"
 #include "deltasync/sha256.hpp"
+#include "http_transport.hpp"
 
 namespace deltasync {
 namespace {
@@ -97,6 +98,11 @@ struct Publisher::Job {
   uint64_t merged = 1;
   Clock::time_point published_at;
   double stage_seconds = 0;
+  // Set once the manifest is written: a retry after a later failure (LATEST) must not upload
+  // the version again, and nothing may be merged into it.
+  std::optional<protocol::Manifest> committed;
+  std::vector<uint64_t> result_digests;
+  VersionStats committed_stats;
 };
 
 Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, PublisherOptions options)
@@ -223,7 +229,7 @@ void Publisher::publish_staged(uint64_t version, const DeltaView& staged,
 void Publisher::enqueue(std::unique_ptr<Job> job) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (queue_.size() >= options_.max_pending) {
+    if (queue_.size() >= options_.max_pending && !queue_.back()->committed) {
       // Uploads fell behind: fold this version into the newest pending one.
       Job& back = *queue_.back();
       if (back.has_delta && job->has_delta) back.delta = merge_deltas(back.delta.view(), job->delta.view(), tensors_);
@@ -275,8 +281,9 @@ void Publisher::worker_loop() {
     // After a failure the failed job waits at the front until the caller publishes again or
     // flushes (a store that is down is not hammered in a loop).
     changed_.wait(lock, [&] { return stopping_ || (!queue_.empty() && (!failure_ || retry_requested_)); });
-    if (queue_.empty() && stopping_) return;
-    if (stopping_ && failure_) return;
+    // Shutting down: stop once nothing is queued, or when what is left already failed and
+    // nobody asked for another try (the destructor's flush reported it).
+    if (stopping_ && (queue_.empty() || failure_ || !retry_requested_)) return;
     retry_requested_ = false;
     std::unique_ptr<Job> job = std::move(queue_.front());
     queue_.pop_front();
@@ -302,6 +309,11 @@ void Publisher::upload(Job& job) {
   auto t0 = Clock::now();
   Store& store = *store_;
   const std::string manifest_key = protocol::manifest_key(job.version);
+  if (job.committed) {  // the manifest is out; only LATEST and the bookkeeping were missing
+    protocol::advance_latest(store, job.version);
+    finish(job, job.committed_stats, job.result_digests);
+    return;
+  }
   VersionStats st;
   st.version = job.version;
   st.base_version = job.has_delta ? job.base_version : std::nullopt;
@@ -380,21 +392,30 @@ void Publisher::upload(Job& job) {
     m.changed_elements = st.changed_elements;
     st.delta_bytes = delta_bytes.size();
   }
-  for (size_t k = 0; k < parts.size(); ++k) {
-    m.anchor_parts.push_back(upload_object(store, protocol::anchor_part_key(job.version, nonce, k), parts[k]));
-    st.anchor_bytes += parts[k].size();
-  }
+  m.anchor_parts.resize(parts.size());
+  http::run_parallel(parts.size(), options_.parallel_uploads, [&](size_t k) {
+    m.anchor_parts[k] = upload_object(store, protocol::anchor_part_key(job.version, nonce, k), parts[k]);
+  });
+  for (const auto& p : parts) st.anchor_bytes += p.size();
   m.latest_anchor = job.anchor ? std::optional<uint64_t>(job.version) : before.last_anchor_version;
   for (const auto& t : tensors_) m.total_elements += t.numel();
   m.model_bytes = model_bytes_;
   m.digest_algorithm = std::string(integrity::kDigestAlgorithm);
   for (size_t t = 0; t < tensors_.size(); ++t) m.digests[tensors_[t].name] = digest_to_hex(result_digests[t]);
   m.created_unix_ms = unix_ms();
-  if (!protocol::commit_version(store, m))
+  if (!protocol::write_manifest(store, m))
     throw Error(store.describe(manifest_key) + ": version " + std::to_string(job.version) + " was published by someone else meanwhile");
   st.upload_seconds = seconds_since(t1);
   st.visible_seconds = seconds_since(job.published_at);
+  job.committed = std::move(m);
+  job.result_digests = result_digests;
+  job.committed_stats = st;
+  protocol::advance_latest(store, job.version);
+  finish(job, st, result_digests);
+}
 
+void Publisher::finish(const Job& job, const VersionStats& st, const std::vector<uint64_t>& result_digests) {
+  Store& store = *store_;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     uploaded_.last_version = job.version;

@@ -43,6 +43,7 @@ StoreOptions options_from_env() {
   // Test hook and slow-link knob: the delay unit of the backoff, in milliseconds.
   o.retry.base_delay_s = static_cast<double>(env_u64("DELTASYNC_STORE_RETRY_BASE_MS", 100)) / 1000.0;
   o.low_speed_time_s = static_cast<long>(env_u64("DELTASYNC_STORE_LOW_SPEED_TIME", o.low_speed_time_s));
+  o.list_page_size = static_cast<unsigned>(env_u64("DELTASYNC_STORE_LIST_PAGE", 0));
   return o;
 }
 
@@ -54,7 +55,7 @@ std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& op
   if (url.rfind("file://", 0) == 0) return open_folder_store(url.substr(7));
   if (url.rfind("s3://", 0) == 0) return open_s3_store(url, options);
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) return open_http_store(url, options);
-  if (!url.empty() && (url[0] == '/' || url[0] == '.')) return open_folder_store(url);
+  if (!url.empty() && url.find("://") == std::string::npos) return open_folder_store(url);  // a plain path
   throw Error(url + ": unknown store URL (expected file:///path, s3://bucket/prefix or http(s)://...)");
 }
 

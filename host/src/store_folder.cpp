@@ -212,7 +212,10 @@ class FolderStore final : public Store {
     static thread_local std::mt19937_64 rng{std::random_device{}()};
     char suffix[17];
     std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
-    std::string tmp = (target.parent_path() / ("." + target.filename().string() + kTempMarker + suffix)).string();
+    // Built by appending: GCC 12 misreports `"." + std::string&&` under -Wrestrict.
+    std::string name(".");
+    name.append(target.filename().string()).append(kTempMarker).append(suffix);
+    std::string tmp = (target.parent_path() / name).string();
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) throw Error(label + ": cannot create temporary file: " + errno_text(errno));
     FdGuard guard(fd);

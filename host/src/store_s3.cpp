@@ -59,7 +59,10 @@ std::string xml_unescape(std::string_view s) {
 // tag in the documents S3 returns for the calls used here).
 std::vector<std::string_view> xml_all(std::string_view xml, std::string_view tag) {
   std::vector<std::string_view> out;
-  std::string open = "<" + std::string(tag) + ">", close = "</" + std::string(tag) + ">";
+  // Appended piecewise: GCC 12 misreports `"<" + std::string&&` under -Wrestrict.
+  std::string open("<"), close("</");
+  open.append(tag).append(">");
+  close.append(tag).append(">");
   size_t pos = 0;
   for (;;) {
     auto b = xml.find(open, pos);
@@ -194,10 +197,12 @@ class S3Store final : public Store {
     std::string token;
     const std::string full_prefix = prefix_ + prefix;
     for (int page = 0;; ++page) {
-      // Canonical order: continuation-token < list-type < prefix.
+      // Canonical order: continuation-token < list-type < max-keys < prefix.
       std::string query;
       if (!token.empty()) query += "continuation-token=" + http::uri_encode(token, false) + "&";
-      query += "list-type=2&prefix=" + http::uri_encode(full_prefix, false);
+      query += "list-type=2&";
+      if (options_.list_page_size) query += "max-keys=" + std::to_string(options_.list_page_size) + "&";
+      query += "prefix=" + http::uri_encode(full_prefix, false);
       auto r = send("GET", list_url_ + query, prefix + "*", {}, {});
       if (r.status != 200) fail("LIST", prefix + "*", r);
       std::string_view xml = as_text(r.body);

@@ -29,6 +29,9 @@ struct Applier::State {
   // of the previous call has read it.
   cudaEvent_t upload_done = nullptr;
   bool upload_pending = false;
+  // Recorded after the status copy, the last use of the device table and status: a call on
+  // another stream makes its stream wait for it before overwriting them (a no-op on one stream).
+  cudaEvent_t apply_done = nullptr;
 };
 
 namespace {
@@ -74,6 +77,7 @@ Applier::Applier() : state_(new State) {
 
 Applier::~Applier() {
   if (state_->upload_done != nullptr) cudaEventDestroy(state_->upload_done);
+  if (state_->apply_done != nullptr) cudaEventDestroy(state_->apply_done);
   delete state_;
 }
 
@@ -83,8 +87,9 @@ cudaError_t Applier::apply(std::span<const TensorRef> targets, std::span<const P
   const int64_t width_mismatch = check_patch_headers(targets, patches);
   State& s = *state_;
 
-  if (s.upload_done == nullptr) {
-    cudaError_t err = cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming);
+  for (cudaEvent_t* event : {&s.upload_done, &s.apply_done}) {
+    if (*event != nullptr) continue;
+    cudaError_t err = cudaEventCreateWithFlags(event, cudaEventDisableTiming);
     if (err != cudaSuccess) return err;
   }
   if (s.status_host.data() == nullptr) {
@@ -100,6 +105,11 @@ cudaError_t Applier::apply(std::span<const TensorRef> targets, std::span<const P
 
   const uint64_t num_patches = patches.size();
   const PatchTableLayout layout = PatchTableLayout::for_patches(num_patches);
+  if (layout.total_bytes > s.table_device.capacity()) {
+    // Growing frees the device table, which the previous call's kernels may still read.
+    cudaError_t err = cudaEventSynchronize(s.apply_done);
+    if (err != cudaSuccess) return err;
+  }
   for (cudaError_t err : {s.table_host.reserve(layout.total_bytes), s.table_device.reserve(layout.total_bytes),
                           s.status_device.reserve(1)}) {
     if (err != cudaSuccess) return err;
@@ -127,7 +137,10 @@ cudaError_t Applier::apply(std::span<const TensorRef> targets, std::span<const P
   header.failed = 0;
   std::memcpy(host, &header, sizeof header);
 
-  cudaError_t err = cudaMemcpyAsync(s.table_device.data(), host, layout.total_bytes, cudaMemcpyHostToDevice, stream);
+  // The previous call's kernels may still read the device table (if it ran on another stream).
+  cudaError_t err = cudaStreamWaitEvent(stream, s.apply_done, 0);
+  if (err != cudaSuccess) return err;
+  err = cudaMemcpyAsync(s.table_device.data(), host, layout.total_bytes, cudaMemcpyHostToDevice, stream);
   if (err != cudaSuccess) return err;
   err = cudaEventRecord(s.upload_done, stream);
   if (err != cudaSuccess) return err;
@@ -141,8 +154,10 @@ cudaError_t Applier::apply(std::span<const TensorRef> targets, std::span<const P
   err = detail::validate_and_scatter(view, width_mismatch >= 0 ? 0 : total, s.status_device.data(), s.sm_count,
                                      stream);
   if (err != cudaSuccess) return err;
-  return cudaMemcpyAsync(s.status_host.data(), s.status_device.data(), sizeof(ApplyStatus), cudaMemcpyDeviceToHost,
-                         stream);
+  err = cudaMemcpyAsync(s.status_host.data(), s.status_device.data(), sizeof(ApplyStatus), cudaMemcpyDeviceToHost,
+                        stream);
+  if (err != cudaSuccess) return err;
+  return cudaEventRecord(s.apply_done, stream);
 }
 
 ApplyStatus Applier::status() const {

@@ -153,14 +153,14 @@ inline cudaError_t validate_and_scatter(PatchTableView table, uint64_t total_ele
   const unsigned grid = grid_for(total_elements, kThreads, sm_count);
   if (total_elements > 0) {
     validate_patches_kernel<<<grid, kThreads, 0, stream>>>(table);
-    const cudaError_t err = cudaPeekAtLastError();
+    const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   finalize_status_kernel<<<1, 1, 0, stream>>>(table, status);
-  cudaError_t err = cudaPeekAtLastError();
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || total_elements == 0) return err;
   scatter_patches_kernel<<<grid, kThreads, 0, stream>>>(table);
-  return cudaPeekAtLastError();
+  return cudaGetLastError();
 }
 
 }  // namespace deltasync::cuda::detail

@@ -3,9 +3,9 @@
 // encoder or applier performs no cudaMalloc/cudaHostAlloc per step. Contents are NOT preserved
 // across growth (every user rewrites the buffer after growing it).
 //
-// Freeing a block that queued work may still touch is safe because cudaFree and cudaFreeHost
-// synchronize the device before releasing memory; growth is rare, so that implicit sync is
-// accepted (and documented on the public classes).
+// Growth frees the old block at once, so the owner must first make sure no queued copy or kernel
+// still touches it (the encoder and applier wait on events for that). cudaFree and cudaFreeHost
+// do synchronize in practice, but CUDA documents no such guarantee, so it is not relied upon.
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -73,6 +73,14 @@ __device__ uint32_t load_element(const uint8_t* p, uint32_t width) {
   }
 }
 
+// Old bits may come packed after tensors of other widths (the encoder's base_values), so they
+// are read byte by byte: a 2- or 4-byte load there could be misaligned.
+__device__ uint32_t load_unaligned(const uint8_t* p, uint32_t width) {
+  uint32_t v = 0;
+  for (uint32_t b = 0; b < width; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);
+  return v;
+}
+
 // Σ term over elements [begin, begin + n) of a tensor at `data`.
 template <uint32_t W>
 __device__ uint64_t tile_sum(const uint8_t* data, uint64_t begin, uint64_t n, uint64_t seed) {
@@ -137,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
       if (i >= job.numel) continue;
       const uint64_t seed = mix::block_seed(job.width, i >> mix::kBlockShift);
       sum += mix::term(seed, i, load_element(job.data + i * job.width, job.width)) -
-             mix::term(seed, i, load_element(job.old_bits + k * job.width, job.width));
+             mix::term(seed, i, load_unaligned(job.old_bits + k * job.width, job.width));
     }
     sum = block_sum(sum);
     if (threadIdx.x == 0) atomicAdd(acc + j, static_cast<unsigned long long>(sum));

@@ -151,7 +151,7 @@ inline cudaError_t build_chunk_table(const uint64_t* starts, uint64_t num_tensor
   constexpr unsigned kThreads = 256;
   build_chunk_table_kernel<<<grid_for(num_chunks, kThreads, sm_count), kThreads, 0, stream>>>(
       starts, num_tensors, chunk_tensor, num_chunks);
-  return cudaPeekAtLastError();
+  return cudaGetLastError();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -198,11 +198,11 @@ inline cudaError_t compute_offsets(const int64_t* positions, const uint64_t* sta
   constexpr unsigned kThreads = 256;
   tensor_offsets_kernel<<<grid_for(num_tensors + 1, kThreads, sm_count), kThreads, 0, stream>>>(
       positions, starts, num_tensors, counts, capacity, offsets);
-  cudaError_t err = cudaPeekAtLastError();
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   value_offsets_kernel<kThreads><<<1, kThreads, 0, stream>>>(tensors, offsets, num_tensors, capacity, value_offsets,
                                                              counts);
-  return cudaPeekAtLastError();
+  return cudaGetLastError();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ inline cudaError_t gather_changed(int64_t* positions_to_indices, const uint32_t*
   constexpr unsigned kThreads = 256;
   gather_changed_kernel<<<grid_for(static_cast<uint64_t>(capacity), kThreads, sm_count), kThreads, 0, stream>>>(
       positions_to_indices, chunk_tensor, tensors, offsets, value_offsets, counts, capacity, values, base_values);
-  return cudaPeekAtLastError();
+  return cudaGetLastError();
 }
 
 }  // namespace deltasync::cuda::detail

@@ -93,6 +93,10 @@ struct Encoder::State {
   uint64_t result_changed = 0;
   uint64_t result_value_bytes = 0;
 
+  // Recorded after stage()'s copies. The next encode or stage, on whatever stream, waits for it
+  // before it overwrites or reallocates what those copies read and write (normally long done:
+  // the caller synchronizes before reading staged()).
+  cudaEvent_t stage_done = nullptr;
   // Pinned copies made by stage().
   PinnedArray<uint64_t> staged_offsets;
   PinnedArray<uint64_t> staged_value_offsets;
@@ -182,10 +186,14 @@ cudaError_t Encoder::State::ensure_capacity(int64_t wanted) {
   // Never more than the set has elements: a step cannot change more than that.
   wanted = std::min<int64_t>(wanted, static_cast<int64_t>(total_elements));
   if (wanted > capacity) {
+    // A failed reserve has already released the old block: the capacity must say so, or the
+    // next encode would hand CUB a null output buffer with a nonzero capacity.
+    capacity = 0;
     DELTASYNC_RETURN_IF_ERROR(indices.reserve(static_cast<size_t>(wanted)));
     capacity = wanted;
   }
-  // The value buffers also depend on the widest tensor of the current set.
+  // The value buffers also depend on the widest tensor of the current set. (A failed reserve
+  // leaves them empty, and the next call's reserve allocates them again.)
   const size_t value_bytes = std::max<size_t>(static_cast<size_t>(capacity) * max_width, 1);
   DELTASYNC_RETURN_IF_ERROR(values.reserve(value_bytes));
   return base_values.reserve(value_bytes);
@@ -220,6 +228,7 @@ Encoder::Encoder() : state_(new State) {
 
 Encoder::~Encoder() {
   if (state_->upload_done != nullptr) cudaEventDestroy(state_->upload_done);
+  if (state_->stage_done != nullptr) cudaEventDestroy(state_->stage_done);
   delete state_;
 }
 
@@ -230,6 +239,8 @@ cudaError_t Encoder::encode(std::span<const EncodeItem> items, cudaStream_t stre
   s.result_tensors = 0;
   s.result_changed = 0;
   s.result_value_bytes = 0;
+  // A stage() queued on another stream may still be copying the previous results out.
+  if (s.stage_done != nullptr) DELTASYNC_RETURN_IF_ERROR(cudaEventSynchronize(s.stage_done));
   DELTASYNC_RETURN_IF_ERROR(s.prepare_tables(items, stream));
   DELTASYNC_RETURN_IF_ERROR(s.counts.reserve(1));
   DELTASYNC_RETURN_IF_ERROR(s.counts_readback.reserve(1));
@@ -264,14 +275,23 @@ const uint8_t* Encoder::device_base_values() const { return state_->base_values.
 cudaError_t Encoder::stage(cudaStream_t stream) {
   detail::scoped_range range{"stage"};
   State& s = *state_;
+  if (s.stage_done == nullptr)
+    DELTASYNC_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.stage_done, cudaEventDisableTiming));
+  // The pinned buffers below may be rewritten or reallocated only once an earlier stage() has
+  // finished copying into them.
+  DELTASYNC_RETURN_IF_ERROR(cudaEventSynchronize(s.stage_done));
+  // A reserve below that fails has released its old buffer: until this stage completes,
+  // staged() must not describe the previous one.
+  s.staged_any = false;
   const size_t table_entries = s.result_tensors + 1;
   DELTASYNC_RETURN_IF_ERROR(s.staged_offsets.reserve(table_entries));
   DELTASYNC_RETURN_IF_ERROR(s.staged_value_offsets.reserve(table_entries));
   DELTASYNC_RETURN_IF_ERROR(s.staged_indices.reserve(s.result_changed));
   DELTASYNC_RETURN_IF_ERROR(s.staged_values.reserve(s.result_value_bytes));
   DELTASYNC_RETURN_IF_ERROR(s.staged_base_values.reserve(s.result_value_bytes));
-  if (s.offsets.data() == nullptr) {
-    // Nothing was ever encoded: stage an empty result (one zero offset each).
+  if (s.result_tensors == 0) {
+    // No tensors (or no successful encode, whose device tables may never have been written):
+    // the result is one zero offset each.
     s.staged_offsets.data()[0] = 0;
     s.staged_value_offsets.data()[0] = 0;
   } else {
@@ -288,6 +308,7 @@ cudaError_t Encoder::stage(cudaStream_t stream) {
     DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.staged_base_values.data(), s.base_values.data(),
                                               s.result_value_bytes, cudaMemcpyDeviceToHost, stream));
   }
+  DELTASYNC_RETURN_IF_ERROR(cudaEventRecord(s.stage_done, stream));
   s.staged_tensors = s.result_tensors;
   s.staged_changed = s.result_changed;
   s.staged_value_bytes = s.result_value_bytes;

@@ -25,8 +25,10 @@ void check(cudaError_t err, const char* what) {
 std::string describe(const ApplyStatus& status, std::span<const TensorRef> targets) {
   if (status.bad_tensor < 0) return "all patches valid";
   const auto t = static_cast<size_t>(status.bad_tensor);
-  const std::string label =
-      "tensor " + (t < targets.size() ? std::string(targets[t].name) : "#" + std::to_string(t)) + ": ";
+  // Appended piece by piece: GCC 12's -Wrestrict misfires on `"literal" + std::string&&`.
+  std::string label = "tensor ";
+  if (t < targets.size()) label += targets[t].name; else label += '#' + std::to_string(t);
+  label += ": ";
   const uint64_t numel = t < targets.size() ? targets[t].numel : 0;
   const uint32_t width = t < targets.size() ? targets[t].width : 0;
   switch (status.reason) {

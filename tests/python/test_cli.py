@@ -207,3 +207,15 @@ def test_backend_flags(run_cli, checkpoints, tmp_path):
     if not torch.cuda.is_available():
         proc = run_cli("diff", base_path, new_path, "-o", tmp_path / "g.safetensors", "--gpu", check=False)
         assert proc.returncode != 0 and "--gpu" in proc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["compact", "trl"])
+def test_demo_keeps_the_receiver_bit_identical(run_cli, tmp_path, fmt):
+    out = run_cli("demo", "--steps", 4, "--vocab", 512, "--hidden", 64, "--intermediate", 160, "--layers", 1,
+                  "--lr", "3e-6", "--format", fmt, "--dir", tmp_path, "--keep").stdout
+    step_lines = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(step_lines) == 4 and all(line.endswith("bit-identical") for line in step_lines), out
+    files = sorted(tmp_path.glob("delta-*.safetensors"))
+    assert len(files) == 4
+    with safe_open(files[-1], "pt") as f:
+        assert f.metadata()["format"] == fmt and f.metadata()["base_version"] == "3"

@@ -233,6 +233,73 @@ def test_low_memory_mode_follows_training_and_catches_missed_changes(store):
     assert bits_equal(trainer, follower)
 
 
+def test_failed_upload_is_reported_and_the_chain_restarts_with_an_anchor(store):
+    trainer, follower = make_model(0), make_model(1)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100) as pub:
+        pub.publish(0)
+        real_put = pub.store.put
+
+        def failing_put(key, data):
+            if key.startswith("deltas/") and "00000000000000000001-" in key:
+                raise OSError("disk full")
+            return real_put(key, data)
+
+        pub.store.put = failing_put
+        train_step(trainer, optimizer, 1)
+        pub.publish(1)
+        train_step(trainer, optimizer, 2)
+        with pytest.raises(RuntimeError, match="disk full"):
+            pub.flush()
+        pub.store.put = real_put
+        stats = pub.publish(2)
+        pub.flush()
+        assert stats.anchor and stats.delta_bytes == 0
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    assert sub.update() == 2 and sub.last_report.anchor == 2
+    assert bits_equal(trainer, follower)
+    assert sub.catalog.find(1) is None
+
+
 def test_python_store_refuses_other_schemes():
     with pytest.raises(ValueError, match="folder stores"):
         deltasync.DeltaSubscriber(make_model(0), store="s3://bucket/prefix")
+
+
+# --- interoperability with the C++ CLI (same store protocol and delta layout) -----------------
+
+
+def test_cli_pull_reads_what_the_python_publisher_wrote(store, tmp_path, run_cli):
+    from safetensors.torch import load_file
+
+    trainer = make_model(0)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100) as pub:
+        pub.publish(0)
+        for step in (1, 2):
+            train_step(trainer, optimizer, step)
+            pub.publish(step)
+    out = tmp_path / "pulled.safetensors"
+    run_cli("pull", "--store", store, "-o", out, "--quiet")
+    pulled = load_file(out)
+    for name, p in trainer.named_parameters():
+        assert torch.equal(pulled[name].view(torch.int16), p.detach().view(torch.int16)), name
+
+
+def test_python_subscriber_reads_what_the_cli_published(store, tmp_path, run_cli):
+    from safetensors.torch import save_file
+
+    trainer = make_model(0)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
+    follower = make_model(1)
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    state = tmp_path / "state"
+    for step in range(3):
+        if step:
+            train_step(trainer, optimizer, step)
+        ckpt = tmp_path / f"ckpt{step}.safetensors"
+        save_file({n: p.detach().contiguous() for n, p in trainer.named_parameters()}, ckpt)
+        run_cli("publish", ckpt, "--store", store, "--version", step, "--state", state, "--format", "trl", "--quiet")
+        assert sub.update() == step
+        assert bits_equal(trainer, follower)
+    assert sub.last_report.deltas == [2]

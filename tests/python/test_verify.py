@@ -53,14 +53,35 @@ def write(path, tensors, digests=None, extra=None):
     save_file(tensors, str(path), metadata=metadata)
 
 
-def test_matching_digests_verify(tmp_path, tensors, run_cli):
+# "auto" picks the GPU where one is present, so on a GPU machine both digest backends are checked
+# against the numpy reference.
+BACKENDS = [["--cpu"], []]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=["cpu", "auto"])
+def test_matching_digests_verify(tmp_path, tensors, run_cli, backend):
     path = tmp_path / "anchor.safetensors"
     write(path, tensors, {name: hexd(digest(t)) for name, t in tensors.items()})
-    proc = run_cli("verify", path, "--cpu")
+    proc = run_cli("verify", path, *backend)
     assert proc.stdout.strip() == "OK: 3 tensors, 20264 elements verified"
 
 
-def test_a_flipped_sign_of_zero_is_caught(tmp_path, tensors, run_cli):
+@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
+def test_every_cpu_code_path_matches_the_reference(tmp_path, tensors, run_cli, isa):
+    # The CPU digest loop is compiled per instruction set and picked at run time;
+    # DELTASYNC_DIGEST_ISA caps the choice so each path is checked here (a path the CPU lacks
+    # falls back to the next one down).
+    path = tmp_path / "anchor.safetensors"
+    rng = np.random.default_rng(2)
+    odd = {"odd": rng.integers(0, 1 << 16, size=2_500_003, dtype=np.uint16)}  # several 2^20 chunks, ragged tail
+    everything = dict(tensors, **odd)
+    write(path, everything, {name: hexd(digest(t)) for name, t in everything.items()})
+    proc = run_cli("verify", path, "--cpu", env={"DELTASYNC_DIGEST_ISA": isa})
+    assert proc.stdout.startswith("OK: 4 tensors")
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=["cpu", "auto"])
+def test_a_flipped_sign_of_zero_is_caught(tmp_path, tensors, run_cli, backend):
     digests = {name: hexd(digest(t)) for name, t in tensors.items()}
     corrupt = dict(tensors)
     norm = tensors["norm"].copy()
@@ -68,7 +89,7 @@ def test_a_flipped_sign_of_zero_is_caught(tmp_path, tensors, run_cli):
     corrupt["norm"] = norm
     path = tmp_path / "anchor.safetensors"
     write(path, corrupt, digests)
-    proc = run_cli("verify", path, "--cpu", check=False)
+    proc = run_cli("verify", path, *backend, check=False)
     assert proc.returncode == 1
     assert proc.stdout == ""
     line = proc.stderr.strip()

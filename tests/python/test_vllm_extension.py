@@ -123,3 +123,28 @@ def test_real_vllm_is_importable_and_has_worker_extensions():
     from vllm.config import ParallelConfig
 
     assert "worker_extension_cls" in ParallelConfig.__dataclass_fields__
+
+
+def test_run_lookup_arithmetic_and_binary_search_agree_with_brute_force():
+    from deltasync.vllm.index_map import TargetRuns
+
+    # A column-sharded 12 x 10 matrix, this rank holding columns 4..7: one run per row.
+    rows, cols, lo, width = 12, 10, 4, 4
+    hf_start = torch.arange(rows) * cols + lo
+    rt_start = torch.arange(rows) * width
+    length = torch.full((rows,), width)
+    regular = TargetRuns.build(0, hf_start, length, rt_start)
+    general = TargetRuns(0, hf_start, length, rt_start)  # no stride: binary search
+    assert regular.hf_stride == cols and regular.rt_stride == width and general.hf_stride is None
+    hf = torch.arange(rows * cols)
+    expect_held = (hf % cols >= lo) & (hf % cols < lo + width)
+    expect_pos = (hf // cols * width + hf % cols - lo)[expect_held]
+    for runs in (regular, general):
+        held, pos = runs.lookup(hf)
+        assert torch.equal(held, expect_held) and torch.equal(pos, expect_pos)
+    # Irregular runs fall back to the binary search.
+    odd = TargetRuns.build(0, torch.tensor([0, 5, 30]), torch.tensor([2, 3, 1]), torch.tensor([0, 2, 5]))
+    assert odd.hf_stride is None
+    held, pos = odd.lookup(torch.tensor([0, 1, 2, 5, 7, 8, 30, 31]))
+    assert held.tolist() == [True, True, False, True, True, False, True, False]
+    assert pos.tolist() == [0, 1, 2, 4, 5]

@@ -74,6 +74,10 @@ Manifest manifest_from_json(std::string_view text, const std::string& label);
 // Makes a version visible: writes its manifest with put_if_absent (returns false, writing
 // nothing, when the version already exists), then advances LATEST if it is older.
 bool commit_version(Store& store, const Manifest& manifest);
+// The two steps of commit_version. write_manifest treats finding its own bytes as success (a
+// retried create whose first answer was lost).
+bool write_manifest(Store& store, const Manifest& manifest);
+void advance_latest(Store& store, uint64_t version);
 
 // Reads LATEST ("V\n"); nullopt when absent. Throws Error for malformed contents.
 std::optional<uint64_t> read_latest(Store& store);

@@ -40,7 +40,10 @@ struct PublisherOptions {
   uint64_t anchor_every = 20;        // versions between anchors (0: only by size / first)
   double anchor_share = 0.5;         // anchor when delta bytes since the last one exceed this share of the model
   size_t max_pending = 2;            // staged versions waiting for upload before merging starts
-  uint64_t anchor_part_bytes = 2ull << 30;  // anchors are split at tensor boundaries into parts of at most this size
+  // Anchors are split at tensor boundaries into parts of at most this size (one larger tensor
+  // makes its own part). Parts are uploaded, downloaded and hashed in parallel.
+  uint64_t anchor_part_bytes = 64ull << 20;
+  unsigned parallel_uploads = 4;
   size_t keep_anchors = 3;           // retention after each anchor (0: keep everything)
   std::string delta_format = "compact";  // "compact" or "trl"
   std::function<void(const std::string&)> log;  // one-line notes; may be empty
@@ -104,6 +107,8 @@ class Publisher {
   struct Job;
   void worker_loop();
   void upload(Job& job);
+  // Bookkeeping once a version is visible: state, digests, stats, retention.
+  void finish(const Job& job, const VersionStats& stats, const std::vector<uint64_t>& result_digests);
   void enqueue(std::unique_ptr<Job> job);
   bool anchor_due(uint64_t version) const;
   void note(const std::string& line) const;

@@ -100,11 +100,15 @@ struct StoreOptions {
   // A transfer slower than `low_speed_bytes_per_s` for `low_speed_time_s` is dropped and retried.
   long low_speed_bytes_per_s = 1024;
   long low_speed_time_s = 30;
+  // Keys per S3 listing page (0: the server's default, 1000 on AWS).
+  unsigned list_page_size = 0;
 };
 
 // Opens a store from its URL. Options come from the environment where a URL scheme needs
 // them (AWS_* for s3://; DELTASYNC_STORE_RETRIES, DELTASYNC_STORE_PARALLELISM,
-// DELTASYNC_STORE_PART_SIZE override the defaults). Throws Error for an unknown scheme or a
+// DELTASYNC_STORE_PART_SIZE, DELTASYNC_STORE_MULTIPART_THRESHOLD,
+// DELTASYNC_STORE_RETRY_BASE_MS, DELTASYNC_STORE_LOW_SPEED_TIME, DELTASYNC_STORE_LIST_PAGE override the
+// defaults). Throws Error for an unknown scheme or a
 // malformed URL.
 std::unique_ptr<Store> open_store(const std::string& url);
 std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& options);

@@ -45,6 +45,7 @@ class PublishStats:
     stage_seconds: float = 0.0   # inside publish(): diff + copy to host
     upload_seconds: float = 0.0  # background: digests, serialization, store writes
     visible_seconds: float = 0.0  # publish() call to version visible
+    skipped: bool = False  # not uploaded: an earlier upload had failed
     done: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
@@ -93,6 +94,7 @@ class DeltaPublisher:
         self._since_anchor = 0
         self._digests: list[int] | None = None  # at the last uploaded version (worker thread)
         self._published_digests: list[int] | None = None  # low-memory mode: at the last publish
+        self._chain_broken = False  # set by the worker when an upload failed
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltasync-publish")
         self._pending: list[Future] = []
         self._max_pending = max_pending
@@ -116,12 +118,16 @@ class DeltaPublisher:
             anchor = self.anchor_every > 0 and self._since_anchor + 1 >= self.anchor_every
         anchor = anchor or self._shadow is None
         job = _Job(stats=stats, base_version=self._last_version, started=started)
+        restart = self._chain_broken  # an earlier upload failed: its version is missing from the store
+        if restart:
+            anchor = True
+            job.base_version = None
         if self._shadow is None:
             self._shadow = [self._new_shadow(t) for t in self.params]
-            if self.low_memory:
-                self._published_digests = ops.digest(self.params).tolist()
         else:
             self._stage_delta(job)
+            if restart:  # the shadow is now current; this version restarts the chain as an anchor
+                job.indices = job.values = job.base_values = job.counts = None
         if self.low_memory and job.indices is not None:
             job.full_digests = ops.digest(self.params).tolist()
             # A tensor whose digest moved although no change of it was seen lost a change to
@@ -138,6 +144,8 @@ class DeltaPublisher:
         if anchor:
             job.anchor = [to_host(t) for t in self.params]
             self._since_anchor = 0
+            if self.low_memory and job.full_digests is None:
+                self._published_digests = ops.digest(self.params).tolist()
         else:
             self._since_anchor += 1
         if self.device.type == "cuda":
@@ -150,7 +158,7 @@ class DeltaPublisher:
         self.stats.append(stats)
         self._pending = [f for f in self._pending if not f.done()]
         while len(self._pending) >= self._max_pending:  # bounded host memory when the store is slow
-            self._pending.pop(0).result()
+            self._pending.pop(0).exception()  # a failure is reported by the next publish / flush
         self._pending.append(self._executor.submit(self._upload, job))
         return stats
 
@@ -230,8 +238,16 @@ class DeltaPublisher:
 
     def _upload(self, job: _Job) -> None:
         try:
+            if self._chain_broken and job.indices is not None:
+                # Its base version never became visible; publish() turns the next version into
+                # an anchor. Not reported again: the failure that broke the chain already is.
+                job.stats.skipped = True
+                return
             self._upload_unchecked(job)
+            if job.indices is None:
+                self._chain_broken = False
         except BaseException as e:  # noqa: BLE001  (reported by the next publish/flush)
+            self._chain_broken = True
             if self._failure is None:
                 self._failure = e
             raise

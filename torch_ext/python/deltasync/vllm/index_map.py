@@ -37,27 +37,49 @@ def digit_base(dtypes) -> int:
 
 @dataclass
 class TargetRuns:
-    """Runs of one HF tensor inside one runtime parameter, sorted by hf_start (non-overlapping)."""
+    """Runs of one HF tensor inside one runtime parameter, sorted by hf_start (non-overlapping).
+
+    Runs that are evenly spaced on both sides with one length -- a column-sharded matrix: one
+    run per row -- are also kept as (hf_stride, rt_stride), which turns a lookup into plain
+    arithmetic."""
 
     param_index: int
     hf_start: torch.Tensor   # int64 [R]
     length: torch.Tensor     # int64 [R]
     rt_start: torch.Tensor   # int64 [R]
+    hf_stride: int | None = None
+    rt_stride: int | None = None
+
+    @staticmethod
+    def build(param_index: int, hf_start: torch.Tensor, length: torch.Tensor, rt_start: torch.Tensor) -> "TargetRuns":
+        runs = TargetRuns(param_index, hf_start, length, rt_start)
+        if hf_start.numel() > 1 and bool((length == length[0]).all()):
+            hf_steps, rt_steps = hf_start.diff(), rt_start.diff()
+            if bool((hf_steps == hf_steps[0]).all()) and bool((rt_steps == rt_steps[0]).all()) \
+                    and int(hf_steps[0]) >= int(length[0]):
+                runs.hf_stride, runs.rt_stride = int(hf_steps[0]), int(rt_steps[0])
+        return runs
 
     @property
     def elements(self) -> int:
         return int(self.length.sum())
 
     def lookup(self, hf_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mask of indices this target holds, their runtime positions)."""
+        """(mask of the indices this target holds, their runtime positions)."""
+        if self.hf_start.numel() == 1 or self.hf_stride is not None:
+            first, length = int(self.hf_start[0]), int(self.length[0])
+            rel = hf_indices - first
+            if self.hf_stride is None:
+                held = (rel >= 0) & (rel < length)
+                return held, rel[held] + int(self.rt_start[0])
+            run, offset = torch.div(rel, self.hf_stride, rounding_mode="floor"), rel.remainder(self.hf_stride)
+            held = (rel >= 0) & (run < self.hf_start.numel()) & (offset < length)
+            return held, int(self.rt_start[0]) + run[held] * self.rt_stride + offset[held]
         r = torch.searchsorted(self.hf_start, hf_indices, right=True) - 1
         rc = r.clamp(min=0)
         held = (r >= 0) & (hf_indices < self.hf_start[rc] + self.length[rc])
         positions = self.rt_start[rc] + (hf_indices - self.hf_start[rc])
         return held, positions[held]
-
-    def to(self, device) -> "TargetRuns":
-        return TargetRuns(self.param_index, self.hf_start.to(device), self.length.to(device), self.rt_start.to(device))
 
 
 @dataclass
@@ -146,6 +168,6 @@ def learn_index_maps(model: torch.nn.Module, hf_tensors: dict[str, tuple[torch.d
             if bool(((index < 0) | (index >= numel)).any()):
                 raise ValueError(f"deltasync.vllm: probe of {hf_name} decoded to out-of-range indices")
             hf_start, length, rt_start = _runs(index, written)
-            runs.append(TargetRuns(k, hf_start, length, rt_start))
+            runs.append(TargetRuns.build(k, hf_start, length, rt_start))
         targets[hf_name] = runs
     return IndexMap(names, params, dict(hf_tensors), targets)
