@@ -83,6 +83,47 @@ def eager_apply(targets, indices, values):
         t.view(-1).view(INT[t.element_size()]).index_copy_(0, idx, v)
 
 
+def vllm_pause(args, device) -> dict:
+    """Inference-side pause of the vLLM worker extension (rank 0 of a TP group) on the stand-in
+    from tests/python/vllm_standin.py, Qwen3-0.6B-shaped (dims x --scale), --density changed."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+    import vllm_standin as vs
+    from deltasync.vllm import DeltaWorkerExtension
+
+    d = lambda x, m=64: max(m, int(x * args.scale) // m * m)  # noqa: E731  (TP-divisible sizes)
+    config = vs.Config(vocab_size=d(151936), hidden_size=d(1024), num_heads=16, num_kv_heads=8,
+                       head_dim=d(128, 16), intermediate_size=d(3072), num_layers=28, qkv_bias=False, tie_word_embeddings=True)
+    trainer = vs.HFModel(config)
+    worker = vs.make_worker_class(DeltaWorkerExtension)(
+        vs.StandinForCausalLM(config, vs.TP(0, args.vllm_tp)).to(device), rank=0)
+    g = torch.Generator().manual_seed(1)
+    pauses, report = [], {}
+    with tempfile.TemporaryDirectory() as folder, deltasync.DeltaPublisher(trainer, store=folder) as pub:
+        pub.publish(0)
+        pub.flush()
+        init = worker.deltasync_init(folder)
+        for version in range(1, args.repeat + 1):
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    flat = p.view(-1).view(torch.int16)
+                    flat[torch.rand(flat.shape, generator=g) < args.density] += 1
+            pub.publish(version)
+            pub.flush()
+            report = worker.deltasync_update()
+            pauses.append(report["pause_seconds"])
+    n = sum(p.numel() for p in trainer.parameters())
+    print(f"  vLLM stand-in TP={args.vllm_tp} rank 0, {n / 1e6:.0f}M HF elements: index maps "
+          f"{init['index_map_bytes'] / 1e3:.1f} kB learned in {init['learn_seconds']:.1f} s; update of "
+          f"{report['changed_elements']} changed ({report['bytes'] / 1e6:.1f} MB): pause {min(pauses) * 1e3:.2f} ms "
+          f"(best of {len(pauses)}), whole update {report['seconds'] * 1e3:.1f} ms")
+    return {"vllm_tp": args.vllm_tp, "vllm_pause_s": min(pauses), "vllm_update_s": report["seconds"],
+            "vllm_index_map_bytes": init["index_map_bytes"], "vllm_learn_s": init["learn_seconds"]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=0.5, help="matrix dims x scale of Qwen3-0.6B (0.5: 150M elements)")
@@ -90,6 +131,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, help="threads for both sides (torch intra-op and deltasync's pool)")
+    ap.add_argument("--vllm-tp", type=int, default=0,
+                    help="also measure the vLLM worker extension's update pause on the stand-in at this TP size")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if args.threads:
@@ -151,6 +194,8 @@ def main():
     print(f"  apply   torch eager   {results['apply_eager_s'] * 1e3:8.2f} ms  -> deltasync {results['apply_speedup']:.1f}x faster")
     print(f"  pause (host->device + apply) {results['pause_s'] * 1e3:8.2f} ms "
           f"for {(h_idx.numel() * 8 + h_val.numel()) / 1e6:.1f} MB of delta")
+    if args.vllm_tp:
+        results.update(vllm_pause(args, device))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

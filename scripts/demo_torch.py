@@ -11,7 +11,7 @@ copy is published through a folder store with deltasync.DeltaPublisher. Two foll
 After every step both must be bit-identical to the trainer (the vLLM ranks to what vLLM's own
 full reload would produce). Per step it prints sparsity, bytes and times.
 
-    python scripts/demo_torch.py [--steps 20] [--lr 3e-6] [--store /tmp/folder]
+    python scripts/demo_torch.py [--steps 20] [--lr 1e-6] [--store /tmp/folder] [--tp 2]
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=3e-6, help="AdamW learning rate (RL-sized)")
+    ap.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate (RL-sized)")
     ap.add_argument("--anchor-every", type=int, default=10)
     ap.add_argument("--store", help="folder for the store (default: a temporary folder)")
     ap.add_argument("--tp", type=int, default=2)

@@ -1,6 +1,7 @@
 // SHA-256 against the FIPS 180-4 example vectors, and streaming in odd pieces.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 
 #include "deltasync/sha256.hpp"
@@ -27,6 +28,21 @@ TEST(Sha256, StreamingEqualsOneShot) {
     auto d = h.finish();
     EXPECT_EQ(deltasync::to_hex(d), deltasync::sha256_hex(bytes_of(text))) << "step " << step;
   }
+}
+
+TEST(Sha256, CpuExtensionsAndPortableCodeAgree) {
+  // On a CPU with SHA extensions sha256() takes them; either way both paths must agree, on
+  // lengths around every padding boundary.
+  std::printf("sha256 uses CPU extensions: %s\n", deltasync::detail::sha256_uses_cpu_extensions() ? "yes" : "no");
+  std::string text;
+  for (int i = 0; i < 4096 + 130; ++i) text += static_cast<char>((i * 7919 + (i >> 5)) & 0xff);
+  for (size_t n : {0u, 1u, 55u, 56u, 63u, 64u, 65u, 119u, 120u, 127u, 128u, 129u, 1000u, 4096u + 130u}) {
+    const std::string prefix = text.substr(0, n);
+    auto piece = bytes_of(prefix);
+    EXPECT_EQ(deltasync::sha256_hex(piece), deltasync::detail::sha256_hex_portable(piece)) << "length " << n;
+  }
+  EXPECT_EQ(deltasync::detail::sha256_hex_portable(bytes_of("abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
 }  // namespace

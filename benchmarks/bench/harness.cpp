@@ -157,7 +157,9 @@ static std::string with_unit(double v, const char* const* units, int n_units, do
   while (u + 1 < n_units && std::fabs(v) >= step) v /= step, ++u;
   char buf[64];
   std::snprintf(buf, sizeof buf, v >= 100 ? "%.0f %s" : v >= 10 ? "%.1f %s" : "%.2f %s", v, units[u]);
-  return buf;
+  std::string s = buf;
+  while (!s.empty() && s.back() == ' ') s.pop_back();  // unit-less rates
+  return s;
 }
 
 std::string format_bytes(double bytes) {

@@ -185,9 +185,14 @@ int run(int argc, char** argv) {
       context.devices.emplace_back(d.name, "not available on this machine: not measured");
     }
   }
-  if (o.devices != "all" && device_selected(o, "cuda") && !usable.count("cuda") &&
-      std::none_of(devices().begin(), devices().end(), [](const DeviceInfo& d) { return d.name == "cuda"; }))
-    context.messages.push_back("cuda requested but this binary was built without CUDA");
+  // A device named explicitly (-d cuda) must be measured: an empty table would pass for success.
+  if (o.devices != "all")
+    for (const char* name : {"cpu", "cuda"}) {
+      if (!device_selected(o, name) || usable.count(name)) continue;
+      const bool built = std::any_of(devices().begin(), devices().end(), [&](const DeviceInfo& d) { return d.name == name; });
+      throw Error(std::string("device ") + name + ": " +
+                  (built ? "no usable device on this machine" : "this binary was built without it"));
+    }
 
   Peaks peaks(o.policy);
   std::vector<Result> rows;

@@ -1,5 +1,6 @@
 #include "torch_companion.hpp"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -96,11 +97,15 @@ std::vector<Result> run_torch_companion(const std::string& python, const std::st
   write_text_file(request_path, request.dump());
   const std::string command = shell_quote(python) + " " + shell_quote(script) + " --request " + shell_quote(request_path) +
                               " --output " + shell_quote(result_path);
-  const int rc = std::system(command.c_str());
+  const int status = std::system(command.c_str());
   std::filesystem::remove(request_path);
-  if (rc != 0) {
+  if (status != 0) {
     std::filesystem::remove(result_path);
-    return all_skipped("torch eager rows missing: `" + python + " " + script + "` exited with status " + std::to_string(rc));
+    const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    const std::string why = rc == 3 ? "torch is not importable by " + python
+                                    : "`" + python + " " + script + "` " +
+                                          (rc >= 0 ? "exited with status " + std::to_string(rc) : "was killed by a signal");
+    return all_skipped("torch eager rows missing: " + why);
   }
   nlohmann::json result;
   try {

@@ -2,7 +2,13 @@
 // the newest) — created when missing, otherwise updated from the version its metadata records by
 // the cheapest catch-up — and replaces it atomically. Weights that do not match their recorded
 // version are rebuilt from an anchor.
+//
+// --follow SECONDS keeps OUT at the newest version: LATEST is polled every SECONDS (a
+// conditional GET, nothing moves while it is unchanged) until interrupted, or until
+// --until-version N has been reached.
 #include <chrono>
+#include <csignal>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 
@@ -16,10 +22,58 @@
 namespace deltasync::cli {
 namespace {
 
-constexpr const char* kUsage = "pull --store URL -o OUT [--version N] [--quiet]";
+constexpr const char* kUsage =
+    "pull --store URL -o OUT [--version N | --follow SECONDS [--until-version N]] [--quiet]";
+
+volatile std::sig_atomic_t stop_requested = 0;
+void request_stop(int) { stop_requested = 1; }
+
+double parse_interval(const std::string& text) {
+  try {
+    size_t used = 0;
+    double v = std::stod(text, &used);
+    if (used == text.size() && v > 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw Error("option --follow expects a positive number of seconds, got '" + text + "'");
+}
+
+// One line per update: where OUT came from, the plan and the time it took.
+void print_update(const std::string& out_path, const SyncReport& report, double total) {
+  std::printf("%s: version %s -> %llu via %s; fetch %.3f s, apply %.3f s, command %.3f s%s%s\n", out_path.c_str(),
+              report.from ? std::to_string(*report.from).c_str() : "none", static_cast<unsigned long long>(report.to),
+              report.plan.describe().c_str(), report.fetch_seconds, report.apply_seconds, total,
+              report.recovered ? "; recovered from an anchor: " : "", report.recovered ? report.recovery_reason.c_str() : "");
+  std::fflush(stdout);
+}
+
+int follow(Subscriber& subscriber, HostModel& model, const std::string& out_path, double interval,
+           std::optional<uint64_t> until) {
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
+  while (!stop_requested) {
+    const auto start = std::chrono::steady_clock::now();
+    std::optional<uint64_t> newest = subscriber.poll();
+    if (newest && (!model.version || *model.version != *newest)) {
+      try {
+        const SyncReport report = subscriber.sync(model, newest);
+        model.save(out_path);
+        print_update(out_path, report, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      } catch (const Error& e) {
+        // A follower outlives one bad moment (store down, version deleted meanwhile): OUT keeps
+        // its last good version and the next poll tries again.
+        std::fprintf(stderr, "deltasync pull: %s (retrying)\n", e.what());
+      }
+    }
+    if (until && model.version && *model.version >= *until) return 0;
+    for (double waited = 0; waited < interval && !stop_requested; waited += 0.05)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return 0;
+}
 
 int run_pull(const Args& raw) {
-  ParsedArgs args(raw, {"--store", "-o", "--output", "--version"}, {"--quiet"});
+  ParsedArgs args(raw, {"--store", "-o", "--output", "--version", "--follow", "--until-version"}, {"--quiet"});
   args.expect_positional(0, kUsage);
   const bool quiet = args.has("--quiet");
   const std::string out_path = args.get("-o").value_or(args.get("--output").value_or(""));
@@ -42,6 +96,11 @@ int run_pull(const Args& raw) {
       model = HostModel{};
     }
   }
+  if (auto interval = args.get("--follow")) {
+    if (args.get("--version")) throw Error("--follow and --version exclude each other: " + std::string(kUsage));
+    return follow(subscriber, model, out_path, parse_interval(*interval), args.get_u64("--until-version"));
+  }
+  if (args.get("--until-version")) throw Error("--until-version needs --follow: " + std::string(kUsage));
   const SyncReport report = subscriber.sync(model, args.get_u64("--version"));
   finish_progress();
   const bool changed = !report.from || *report.from != report.to || report.recovered;
@@ -51,10 +110,7 @@ int run_pull(const Args& raw) {
     std::printf("%s: already at version %llu\n", out_path.c_str(), static_cast<unsigned long long>(report.to));
     return 0;
   }
-  std::printf("%s: version %s -> %llu via %s; fetch %.3f s, apply %.3f s, command %.3f s%s%s\n", out_path.c_str(),
-              report.from ? std::to_string(*report.from).c_str() : "none", static_cast<unsigned long long>(report.to),
-              report.plan.describe().c_str(), report.fetch_seconds, report.apply_seconds, total,
-              report.recovered ? "; recovered from an anchor: " : "", report.recovered ? report.recovery_reason.c_str() : "");
+  print_update(out_path, report, total);
   return 0;
 }
 

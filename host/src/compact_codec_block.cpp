@@ -423,13 +423,13 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
       const Split g = split(static_cast<uint64_t>(positions[i] - positions[i - 1] - 1));
       gap_tokens[i] = static_cast<uint8_t>(g.token);
       ++gap_hist[i & 3][g.token];
-      writer.put(g.extra, g.extra_bits);
+      if (g.extra_bits) writer.put(g.extra, g.extra_bits);
     }
     const uint32_t sym = value_symbol(load_w<W>(new_bits + size_t{i} * W), load_w<W>(base_bits + size_t{i} * W), W);
     const Split v = split(sym);
     value_tokens[i] = static_cast<uint8_t>(v.token);
     ++value_hist[i & 3][v.token];
-    writer.put(v.extra, v.extra_bits);
+    if (v.extra_bits) writer.put(v.extra, v.extra_bits);
   }
   std::array<uint32_t, kGapTokens> gap_counts{}, value_counts{};
   for (uint32_t t = 0; t < kGapTokens; ++t) {
@@ -511,9 +511,10 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
     const uint32_t vt = (i & 1) ? rans.get<3>(value_table) : rans.get<1>(value_table);
     symbols[i] = vt < 16 ? vt : static_cast<uint32_t>(join(vt, raw.get(extra_bits_of(vt))));
   }
-  // Pass 2: gather the base bits. Separate from pass 1 because these reads miss the cache (one
-  // new line per change at ~1% density); with the positions known they are independent, so
-  // they overlap each other instead of each stalling the serial rANS chain.
+  // Pass 2: gather the base bits and apply the value changes. Separate from pass 1 because
+  // these reads miss the cache (one new line per change at ~1% density); with the positions
+  // known they are independent and prefetched ahead, so they overlap each other instead of
+  // each stalling the serial rANS chain.
   constexpr uint32_t kPrefetchDistance = 48;
   for (uint32_t i = 0; i < count; ++i) {
     if (i + kPrefetchDistance < count)

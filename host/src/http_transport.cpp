@@ -19,25 +19,60 @@ void global_init_once() {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
-// One easy handle per thread, reset between requests so its connection cache (keep-alive to
-// the same endpoint) survives across the many small requests of a sync.
-struct ThreadHandle {
-  CURL* curl = nullptr;
-  ThreadHandle() {
+// Easy handles are pooled rather than tied to threads: transfers run on short-lived worker
+// threads (one set per large object), and a handle returned to the pool keeps its connection
+// cache, so the next request to the same endpoint skips the TCP and TLS handshakes.
+class HandlePool {
+ public:
+  CURL* acquire() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        CURL* h = free_.back();
+        free_.pop_back();
+        return h;
+      }
+    }
     global_init_once();
-    curl = curl_easy_init();
+    CURL* h = curl_easy_init();
+    if (!h) throw TransportError("curl_easy_init failed");
+    return h;
   }
-  ~ThreadHandle() {
-    if (curl) curl_easy_cleanup(curl);
+  void release(CURL* h) {
+    curl_easy_reset(h);  // drops options (credentials included), keeps live connections
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.size() < 64) {
+      free_.push_back(h);
+      return;
+    }
+    curl_easy_cleanup(h);
   }
+  ~HandlePool() {
+    for (CURL* h : free_) curl_easy_cleanup(h);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<CURL*> free_;
 };
 
-CURL* thread_handle() {
-  thread_local ThreadHandle handle;
-  if (!handle.curl) throw TransportError("curl_easy_init failed");
-  curl_easy_reset(handle.curl);
-  return handle.curl;
+HandlePool& handle_pool() {
+  static HandlePool pool;
+  return pool;
 }
+
+// Borrows a handle for one exchange.
+class PooledHandle {
+ public:
+  PooledHandle() : h_(handle_pool().acquire()) {}
+  ~PooledHandle() { handle_pool().release(h_); }
+  PooledHandle(const PooledHandle&) = delete;
+  PooledHandle& operator=(const PooledHandle&) = delete;
+  CURL* get() const { return h_; }
+
+ private:
+  CURL* h_;
+};
 
 struct UploadCursor {
   std::span<const uint8_t> body;
@@ -148,6 +183,10 @@ std::string uri_encode(std::string_view text, bool keep_slash) {
   return out;
 }
 
+std::string error_code(const Response& response) {
+  return xml_field(std::string_view(reinterpret_cast<const char*>(response.body.data()), response.body.size()), "Code");
+}
+
 std::string describe_failure(const Response& response) {
   std::string out = "HTTP " + std::to_string(response.status);
   std::string_view body(reinterpret_cast<const char*>(response.body.data()), response.body.size());
@@ -164,7 +203,8 @@ std::string describe_failure(const Response& response) {
 }
 
 Response perform(const Request& request, const StoreOptions& options) {
-  CURL* curl = thread_handle();
+  PooledHandle handle;
+  CURL* curl = handle.get();
   Response response;
   HeaderList headers;
   for (const auto& h : request.headers) headers.add(h);
@@ -210,9 +250,6 @@ Response perform(const Request& request, const StoreOptions& options) {
   char error_buffer[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error_buffer);
   CURLcode rc = curl_easy_perform(curl);
-  // Forget the credentials on the reused handle at once.
-  curl_easy_setopt(curl, CURLOPT_USERNAME, nullptr);
-  curl_easy_setopt(curl, CURLOPT_PASSWORD, nullptr);
   if (rc != CURLE_OK) {
     // curl's messages name hosts and reasons, never the credentials we passed as options.
     throw TransportError(std::string(error_buffer[0] ? error_buffer : curl_easy_strerror(rc)));
@@ -222,7 +259,7 @@ Response perform(const Request& request, const StoreOptions& options) {
 }
 
 Response perform_with_retries(Request request, const StoreOptions& options, const std::string& label,
-                              const std::function<bool(long)>& retry_also) {
+                              const std::function<bool(const Response&)>& retry_also) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   const int attempts = std::max(1, options.retry.max_attempts);
   std::string last_reason;
@@ -253,7 +290,7 @@ Response perform_with_retries(Request request, const StoreOptions& options, cons
       --attempt;  // a redirect is not a failed attempt
       continue;
     }
-    if (transient_status(response.status) || (retry_also && retry_also(response.status))) {
+    if (transient_status(response.status) || (retry_also && retry_also(response))) {
       last_reason = describe_failure(response);
       continue;
     }

@@ -52,10 +52,13 @@ Response perform(const Request& request, const StoreOptions& options);
 // and redirects followed only to the same scheme, host and port (credentials never leave the
 // origin they were meant for). Any other response is returned to the caller to interpret.
 // After the last attempt throws Error("LABEL: VERB failed after N attempts: REASON").
-// `retry_also` lets a caller mark further statuses as transient (e.g. S3's 409 on a racing
-// conditional write).
+// `retry_also` lets a caller mark further responses as transient (e.g. S3's 400 RequestTimeout,
+// or its 409 on a racing conditional write).
 Response perform_with_retries(Request request, const StoreOptions& options, const std::string& label,
-                              const std::function<bool(long)>& retry_also = {});
+                              const std::function<bool(const Response&)>& retry_also = {});
+
+// The <Code> of an S3-style XML error body ("" when there is none).
+std::string error_code(const Response& response);
 
 // "HTTP 403 SignatureDoesNotMatch: message" built from a response (S3-style XML error bodies
 // are recognized; other bodies are cut to a short printable excerpt).

@@ -187,14 +187,6 @@ void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> curren
 void Publisher::publish_staged(uint64_t version, const DeltaView& staged,
                                const std::function<void(size_t, std::span<uint8_t>)>& read_full) {
   auto start = Clock::now();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (failure_) {
-      auto f = failure_;
-      failure_ = nullptr;
-      std::rethrow_exception(f);
-    }
-  }
   if (staged_version_ && version <= *staged_version_)
     throw Error("publish: version " + std::to_string(version) + " is not newer than " + std::to_string(*staged_version_));
   auto job = std::make_unique<Job>();
@@ -224,6 +216,14 @@ void Publisher::publish_staged(uint64_t version, const DeltaView& staged,
   staged_version_ = version;
   job->stage_seconds = seconds_since(start);
   enqueue(std::move(job));
+  // A background failure is reported after this version is safely queued (the caller's shadow
+  // already moved on, so dropping the version would break the chain).
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failure_) {
+    auto f = failure_;
+    failure_ = nullptr;
+    std::rethrow_exception(f);
+  }
 }
 
 void Publisher::enqueue(std::unique_ptr<Job> job) {
@@ -243,7 +243,9 @@ void Publisher::enqueue(std::unique_ptr<Job> job) {
     } else {
       queue_.push_back(std::move(job));
     }
-    retry_requested_ = true;
+    // A failed upload waiting at the front is tried again now. (Only a failure already seen
+    // counts: one still in progress must be reported before it is retried.)
+    if (paused_) retry_requested_ = true;
   }
   changed_.notify_all();
 }
@@ -255,7 +257,7 @@ void Publisher::flush() {
     failure_ = nullptr;
     std::rethrow_exception(f);
   }
-  retry_requested_ = true;
+  if (paused_) retry_requested_ = true;
   changed_.notify_all();
   changed_.wait(lock, [&] { return (queue_.empty() && !busy_) || (failure_ && !busy_); });
   if (failure_) {
@@ -280,11 +282,12 @@ void Publisher::worker_loop() {
   for (;;) {
     // After a failure the failed job waits at the front until the caller publishes again or
     // flushes (a store that is down is not hammered in a loop).
-    changed_.wait(lock, [&] { return stopping_ || (!queue_.empty() && (!failure_ || retry_requested_)); });
+    changed_.wait(lock, [&] { return stopping_ || (!queue_.empty() && (!paused_ || retry_requested_)); });
     // Shutting down: stop once nothing is queued, or when what is left already failed and
     // nobody asked for another try (the destructor's flush reported it).
-    if (stopping_ && (queue_.empty() || failure_ || !retry_requested_)) return;
+    if (stopping_ && (queue_.empty() || (paused_ && !retry_requested_))) return;
     retry_requested_ = false;
+    paused_ = false;
     std::unique_ptr<Job> job = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
@@ -299,6 +302,7 @@ void Publisher::worker_loop() {
     busy_ = false;
     if (error) {
       failure_ = error;
+      paused_ = true;
       queue_.push_front(std::move(job));
     }
     changed_.notify_all();

@@ -167,8 +167,10 @@ class FolderStore final : public Store {
     if (!fs::is_directory(start, ec)) return out;
     for (auto it = fs::recursive_directory_iterator(start, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
       if (!it->is_regular_file(ec)) continue;
+      // Hidden files are never objects: temporary files of writers in progress (ours, or the
+      // Python package's ".NAME.tmp.HEX"), editor and OS droppings.
       std::string filename = it->path().filename().string();
-      if (is_temp_name(filename)) continue;
+      if (filename.empty() || filename[0] == '.' || is_temp_name(filename)) continue;
       std::string key = fs::relative(it->path(), root_).generic_string();
       if (key.rfind(prefix, 0) != 0) continue;
       struct stat st {};
@@ -258,8 +260,8 @@ std::unique_ptr<Store> open_folder_store(const std::string& path) {
   if (ec) throw Error("file://" + path + ": " + ec.message());
   std::string s = root.string();
   while (s.size() > 1 && s.back() == '/') s.pop_back();
-  fs::create_directories(s, ec);
-  if (ec) throw Error("file://" + s + ": cannot create folder: " + ec.message());
+  // The folder is created by the first write, so a reader never leaves an empty store behind.
+  if (fs::exists(s, ec) && !fs::is_directory(s, ec)) throw Error("file://" + s + ": not a folder");
   return std::make_unique<FolderStore>(fs::path(s));
 }
 

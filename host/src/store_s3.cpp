@@ -143,17 +143,18 @@ class S3Store final : public Store {
   bool put_if_absent(const std::string& key, std::span<const uint8_t> bytes) override {
     // 409 ConditionalRequestConflict: another conditional write of this key is in flight;
     // retrying settles who won (412 for the loser).
-    auto r = send("PUT", object_url(key), key, bytes, {"If-None-Match: *"}, [](long s) { return s == 409; });
+    auto r = send("PUT", object_url(key), key, bytes, {"If-None-Match: *"}, [](const http::Response& x) { return x.status == 409; });
     if (r.status == 412) return false;
     if (r.status != 200) fail("PUT", key, r);
     return true;
   }
 
   std::vector<uint8_t> get(const std::string& key) override {
-    // The first request asks for the first part: one round trip for small objects, and the
-    // Content-Range tells the total size for large ones (no HEAD needed).
-    const uint64_t part = std::max<uint64_t>(options_.part_size, 1);
-    auto r = send("GET", object_url(key), key, {}, {"Range: bytes=0-" + std::to_string(part - 1)});
+    // The first request asks for up to the multipart threshold: one round trip for every object
+    // below it, and the Content-Range tells the total size of larger ones (no HEAD needed), whose
+    // rest then comes as parallel ranged GETs.
+    const uint64_t first = std::max<uint64_t>({options_.multipart_threshold, options_.part_size, 1});
+    auto r = send("GET", object_url(key), key, {}, {"Range: bytes=0-" + std::to_string(first - 1)});
     if (r.status == 416) {  // zero-length object
       r = send("GET", object_url(key), key, {}, {});
     }
@@ -236,7 +237,7 @@ class S3Store final : public Store {
 
   http::Response send(const std::string& method, const std::string& url, const std::string& key,
                       std::span<const uint8_t> body, std::vector<std::string> headers,
-                      const std::function<bool(long)>& retry_also = {}) {
+                      const std::function<bool(const http::Response&)>& retry_also = {}) {
     http::Request req;
     req.method = method;
     req.url = url;
@@ -245,7 +246,11 @@ class S3Store final : public Store {
     req.headers = std::move(headers);
     req.headers.push_back("x-amz-content-sha256: " + (body.empty() ? std::string(kEmptySha256) : sha256_hex(body)));
     if (!session_token_.empty()) req.headers.push_back("x-amz-security-token: " + session_token_);
-    return http::perform_with_retries(std::move(req), options_, describe(key), retry_also);
+    // S3 reports a client that sent too slowly as 400 RequestTimeout: transient like a 5xx.
+    auto transient = [&](const http::Response& r) {
+      return (r.status == 400 && http::error_code(r) == "RequestTimeout") || (retry_also && retry_also(r));
+    };
+    return http::perform_with_retries(std::move(req), options_, describe(key), transient);
   }
 
   [[noreturn]] void fail(const std::string& verb, const std::string& key, const http::Response& r) const {

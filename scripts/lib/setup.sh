@@ -35,6 +35,10 @@ configure_and_build() {
   cmake --build "$build_dir" -j "$jobs"
 }
 
+# The Python package (torch.ops.deltasync, publisher, subscriber, vLLM extension), built by
+# scikit-build-core from this CMake project against the torch already in the environment.
 install_python_package() {
-  :
+  echo "== pip install . (the deltasync Python package)"
+  CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)} "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    --no-build-isolation --no-deps "$ROOT"
 }

@@ -4,7 +4,8 @@ It forwards every request unchanged (including the Host header, which SigV4 sign
 upstream server and answers with the upstream's response, unless a queued fault matches the
 request. Faults are consumed in order, each for `times` matching requests:
 
-  status     answer with this HTTP status (and an S3-style error body) without forwarding
+  status     answer with this HTTP status (and an S3-style error body whose <Code> is `code`)
+             without forwarding
   drop       forward, then send the response headers and only part of the body, and close
   delay      wait `seconds` before answering (a slow or stalled server)
   stall      forward, send headers and the first bytes of the body, then stall `seconds`
@@ -84,7 +85,8 @@ class FaultProxy:
                     kind, p = fault.kind, fault.params
                     if kind == "status":
                         code = p.get("status", 503)
-                        xml = (f"<?xml version=\"1.0\"?><Error><Code>Injected{code}</Code>"
+                        error_code = p.get("code", f"Injected{code}")
+                        xml = (f"<?xml version=\"1.0\"?><Error><Code>{error_code}</Code>"
                                f"<Message>injected by fault_proxy</Message></Error>").encode()
                         self._send(code, [("Content-Type", "application/xml")], xml)
                         return

@@ -109,3 +109,12 @@ def test_bad_command_lines_get_one_line(bench, args, message):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_an_explicit_device_that_cannot_run_is_an_error(bench):
+    listing = run(bench, "--list").stdout
+    if "devices: cpu cuda\n" in listing:
+        pytest.skip("this machine has a usable CUDA device")
+    proc = run(bench, "-d", "cuda", *TINY, check=False)
+    assert proc.returncode == 2
+    assert "device cuda:" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

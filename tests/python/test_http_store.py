@@ -166,3 +166,21 @@ def test_folder_store_trl_layout_is_readable_by_safetensors(run_cli, tmp_path):
     out = tmp_path / "out.safetensors"
     run_cli("pull", "--store", store_dir, "-o", out)
     assert_identical(out, model.snapshot(), 2)
+
+
+def test_pull_follow_keeps_out_at_the_newest_version(run_cli, deltasync_bin, tmp_path):
+    import subprocess
+    store = str(tmp_path / "store")
+    out = tmp_path / "follower.safetensors"
+    follower = subprocess.Popen([str(deltasync_bin / "deltasync"), "pull", "--store", store, "-o", str(out),
+                                 "--follow", "0.05", "--until-version", "6", "--quiet"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        versions = publish_versions(run_cli, tmp_path, store, 6)
+        stdout, stderr = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, stderr
+    reported = [int(line.split(" -> ")[1].split()[0]) for line in stdout.splitlines()]
+    assert reported and reported[-1] == 6 and reported == sorted(reported), stdout
+    assert_identical(out, versions[6], 6)

@@ -246,6 +246,7 @@ def test_transient_faults_are_retried(run_cli, moto_s3, proxy, tmp_path, request
     trainer.publish()
     proxy.add("drop", times=2, method="GET", path_contains="/anchors/")
     proxy.add("status", times=1, method="PUT", path_contains="/manifests/", status=500)
+    proxy.add("status", times=1, method="PUT", path_contains="/deltas/", status=400, code="RequestTimeout")
     proxy.add("delay", times=3, method="GET", seconds=0.3)
     trainer.publish()
     out_path = tmp_path / "reader.safetensors"

@@ -261,6 +261,68 @@ def test_failed_upload_is_reported_and_the_chain_restarts_with_an_anchor(store):
     assert sub.catalog.find(1) is None
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and deltasync.has_cuda_ops()),
+                    reason="needs a CUDA device and a deltasync build with the CUDA backend")
+@pytest.mark.parametrize("low_memory", [False, True], ids=["shadow", "low-memory"])
+def test_cuda_trainer_and_follower_stay_bit_identical(store, low_memory):
+    trainer, follower = make_model(0).cuda(), make_model(1).cuda()
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=3, low_memory=low_memory) as pub:
+        assert pub.device.type == "cuda"
+        for step in range(5):
+            if step:
+                g = torch.Generator().manual_seed(step)
+                tokens = torch.randint(0, 64, (8, 5), generator=g).cuda()
+                loss = trainer(tokens).float().square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            pub.publish(step)
+            pub.flush()
+            assert sub.update() == step
+            assert bits_equal(trainer, follower)
+    assert all(s.device.type == "cuda" for s in pub._shadow)
+
+
+def test_store_for_another_model_is_refused_without_writing(store):
+    trainer = make_model(0)
+    with deltasync.DeltaPublisher(trainer, store=store) as pub:
+        pub.publish(0)
+    other = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    before = other.weight.detach().clone()
+    with pytest.raises(ValueError, match="not in this model"):
+        deltasync.DeltaSubscriber(other, store=store).update()
+    assert torch.equal(before, other.weight.detach())
+
+
+def test_no_anchor_left_on_the_chain_is_an_error(store, tmp_path):
+    import shutil
+
+    trainer = make_model(0)
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=0) as pub:
+        pub.publish(0)
+        with torch.no_grad():
+            trainer[1].weight.view(torch.int16)[0, 0] += 1
+        pub.publish(1)
+    (tmp_path / "bucket" / "manifests" / f"{0:020d}.json").unlink()  # retention removed version 0
+    shutil.rmtree(tmp_path / "bucket" / "anchors")
+    with pytest.raises(ValueError, match="no anchor on its chain"):
+        deltasync.DeltaSubscriber(make_model(1), store=store).update()
+
+
+def test_folder_store_exclusive_create(tmp_path):
+    from deltasync._store import FolderStore
+
+    s = FolderStore(tmp_path / "f")
+    assert s.put_if_absent("manifests/a.json", b"one")
+    assert not s.put_if_absent("manifests/a.json", b"two")
+    assert s.get("manifests/a.json") == b"one"
+    assert s.list("manifests/") == ["manifests/a.json"]  # no temporary files left behind
+    with pytest.raises(ValueError, match="invalid object key"):
+        s.get("../escape")
+
+
 def test_python_store_refuses_other_schemes():
     with pytest.raises(ValueError, match="folder stores"):
         deltasync.DeltaSubscriber(make_model(0), store="s3://bucket/prefix")

@@ -117,6 +117,33 @@ def test_update_requires_init_and_rejects_unknown_tensors(tmp_path):
         worker.deltasync_update()
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and deltasync.has_cuda_ops()),
+                    reason="needs a CUDA device and a deltasync build with the CUDA backend")
+def test_cuda_workers_stay_bit_identical(tmp_path):
+    config = vs.Config()
+    trainer = vs.HFModel(config)
+    store = f"file://{tmp_path / 'bucket'}"
+    workers = [Worker(vs.StandinForCausalLM(config, vs.TP(r, 2)).cuda(), rank=r) for r in range(2)]
+    with deltasync.DeltaPublisher(trainer, store=store) as pub:
+        pub.publish(0)
+        pub.flush()
+        for w in workers:
+            w.deltasync_init(store)
+        for step in (1, 2):
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.view(-1).view(torch.int16)[step::11] += 1
+            pub.publish(step)
+            pub.flush()
+            for r, w in enumerate(workers):
+                report = w.deltasync_update()
+                assert report["applied_elements"] > 0
+                expected = vs.reference_runtime_params(config, vs.TP(r, 2), hf_state(trainer))
+                for name, p in w.model_runner.model.named_parameters():
+                    assert p.device.type == "cuda"
+                    assert torch.equal(p.detach().cpu().view(torch.int16), expected[name].view(torch.int16)), name
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (it needs a GPU build)")
 def test_real_vllm_is_importable_and_has_worker_extensions():
     import vllm  # noqa: F401
@@ -148,3 +175,52 @@ def test_run_lookup_arithmetic_and_binary_search_agree_with_brute_force():
     held, pos = odd.lookup(torch.tensor([0, 1, 2, 5, 7, 8, 30, 31]))
     assert held.tolist() == [True, True, False, True, True, False, True, False]
     assert pos.tolist() == [0, 1, 2, 4, 5]
+
+
+def test_tied_lm_head_published_under_both_names(tmp_path):
+    # A trainer may publish a state dict that names the tied matrix twice; vLLM's loader skips
+    # lm_head.weight, so its changes must land once, through the embedding.
+    config = vs.Config(tie_word_embeddings=True)
+    trainer = vs.HFModel(config)
+    tensors = dict(trainer.named_parameters())
+    tensors["lm_head.weight"] = trainer.lm_head.weight
+    store = f"file://{tmp_path / 'bucket'}"
+    with deltasync.DeltaPublisher(tensors, store=store) as pub:
+        pub.publish(0)
+        pub.flush()
+        workers = [Worker(vs.StandinForCausalLM(config, vs.TP(r, 2)), rank=r) for r in range(2)]
+        for w in workers:
+            w.deltasync_init(store)
+        with torch.no_grad():
+            trainer.model.embed_tokens.weight.view(torch.int16)[[1, 70, 99], 3] += 1
+        pub.publish(1)
+        pub.flush()
+        imap = workers[0]._deltasync.receiver.index_map
+        assert imap.targets["lm_head.weight"] == []
+        for r, w in enumerate(workers):
+            report = w.deltasync_update()
+            assert report["changed_elements"] == 3  # applied once, through the embedding
+            assert_rank_matches(w, config, vs.TP(r, 2), hf_state(trainer))
+
+
+def test_runtime_dtype_other_than_the_checkpoints_casts_values(tmp_path):
+    # vLLM serving in float32 a model trained/published in bfloat16: the per-tensor path casts.
+    config = vs.Config()
+    trainer = vs.HFModel(config)
+    store = f"file://{tmp_path / 'bucket'}"
+    tp = vs.TP(1, 2)
+    worker = Worker(vs.StandinForCausalLM(config, tp, dtype=torch.float32), rank=1)
+    with deltasync.DeltaPublisher(trainer, store=store) as pub:
+        pub.publish(0)
+        pub.flush()
+        worker.deltasync_init(store)
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.view(-1).view(torch.int16)[::7] += 1
+        pub.publish(1)
+        pub.flush()
+        report = worker.deltasync_update()
+    assert report["applied_elements"] > 0
+    expected = vs.reference_runtime_params(config, tp, hf_state(trainer), dtype=torch.float32)
+    for name, p in worker.model_runner.model.named_parameters():
+        assert torch.equal(p.detach().view(torch.int32), expected[name].view(torch.int32)), name

@@ -84,8 +84,9 @@ class Publisher {
   void restore(HostModel shadow, const PublisherState& state);
 
   // CPU path: diffs `current` (one ref per tensor, in `tensors` order) against the host shadow.
-  // Returns once the delta is staged. Throws a previous background failure (once), or Error
-  // for a version not newer than the last one.
+  // Returns once the delta is staged. Throws Error for a version not newer than the last one
+  // (nothing staged), or reports a previous background failure once — after staging this
+  // version, which is uploaded with the failed one on the next try.
   void publish(uint64_t version, std::span<const ConstTensorRef> current);
 
   // Any backend: `staged` is the delta from the last published version to `version` (host
@@ -130,7 +131,8 @@ class Publisher {
   std::deque<std::unique_ptr<Job>> queue_;
   bool busy_ = false;
   bool stopping_ = false;
-  bool retry_requested_ = false;  // a failed job may be tried again
+  bool paused_ = false;           // the front job failed; wait for the caller before retrying
+  bool retry_requested_ = false;  // the caller published or flushed since: try again
   std::exception_ptr failure_;
   std::vector<VersionStats> stats_;
   PublisherState uploaded_;            // what is visible in the store

@@ -90,8 +90,9 @@ class Store {
 // Tunables shared by the network stores; defaults suit a datacenter link.
 struct StoreOptions {
   RetryPolicy retry;
-  // Objects at least this large are uploaded in parts / downloaded with ranged GETs...
-  uint64_t multipart_threshold = 64ull << 20;
+  // Objects at least this large are uploaded in parts / downloaded with ranged GETs (above the
+  // publisher's 64 MiB anchor parts, which are already transferred in parallel)...
+  uint64_t multipart_threshold = 128ull << 20;
   // ...of this size each (S3 requires >= 5 MiB for all but the last part)...
   uint64_t part_size = 16ull << 20;
   // ...with this many transfers in flight.

@@ -1,7 +1,7 @@
 """Named tensors from a model, a dict or (name, tensor) pairs: what publisher and subscriber work on."""
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import torch
 
@@ -54,6 +54,3 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
         return t
     return t.pin_memory().to(device, non_blocking=True)
 
-
-def split_counts(flat: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
-    return list(torch.split(flat, counts))

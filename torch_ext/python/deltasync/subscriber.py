@@ -37,6 +37,7 @@ class UpdateReport:
     anchor: int | None = None
     deltas: list[int] = field(default_factory=list)
     changed_elements: int = 0
+    applied_elements: int = 0    # elements written here (a TP rank writes its share)
     bytes_fetched: int = 0
     fetch_seconds: float = 0.0
     apply_seconds: float = 0.0   # parse + host-side preparation + pause
@@ -114,6 +115,7 @@ class TensorReceiver:
             torch.cuda.current_stream(device).synchronize()
         report.pause_seconds += time.perf_counter() - started
         report.changed_elements += indices.numel()
+        report.applied_elements += indices.numel()
         if delta.result_digests is None:
             return
         widths = [t.element_size() for t in targets]

@@ -23,7 +23,7 @@ import torch
 from .. import ops
 from .._files import ParsedDelta
 from ..subscriber import DeltaSubscriber, UpdateReport
-from .index_map import IndexMap, learn_index_maps
+from .index_map import GlobalMap, IndexMap, learn_index_maps
 
 
 class MappedReceiver:
@@ -34,9 +34,11 @@ class MappedReceiver:
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.index_map: IndexMap | None = None
+        self.global_map: GlobalMap | None = None
 
     def learn(self, hf_tensors) -> None:
         self.index_map = learn_index_maps(self.model, hf_tensors)
+        self.global_map = GlobalMap(self.index_map, self.index_map.params[0].device)
 
     def load_anchor(self, tensors: dict[str, torch.Tensor], label: str) -> None:
         # vLLM's own path for full weights.
@@ -46,6 +48,46 @@ class MappedReceiver:
         pass
 
     def apply_delta(self, delta: ParsedDelta, label: str, report: UpdateReport) -> None:
+        imap = self.index_map
+        unknown = [n for n in delta.changed if n not in imap.targets]
+        if unknown:
+            raise ValueError(f"{label}: tensor {unknown[0]} is not one the worker mapped")
+        names = [n for n in delta.changed if imap.targets[n]]
+        same_dtypes = all(delta.changed[n][1].dtype == imap.params[t.param_index].dtype
+                          for n in names for t in imap.targets[n])
+        widths = {delta.changed[n][1].element_size() for n in names}
+        if names and same_dtypes and len(widths) == 1:
+            self._apply_vectorized(delta, names, widths.pop(), report)
+        else:
+            self._apply_per_tensor(delta, label, report)
+
+    def _apply_vectorized(self, delta: ParsedDelta, names: list[str], width: int, report: UpdateReport) -> None:
+        """The whole delta in O(1) kernel launches: one copy of indices and of values to the
+        device, one binary search over all runs, (at most) one sort, one scatter."""
+        gmap, imap = self.global_map, self.index_map
+        started = time.perf_counter()
+        device = imap.params[0].device
+        counts = torch.tensor([delta.changed[n][0].numel() for n in names], dtype=torch.int64)
+        bases = torch.tensor([gmap.hf_base[n] for n in names], dtype=torch.int64)
+        global_hf = torch.cat([delta.changed[n][0] for n in names]) + torch.repeat_interleave(bases, counts)
+        values = torch.cat([delta.changed[n][1].reshape(-1).view(torch.uint8) for n in names])
+        if device.type == "cuda":
+            global_hf = global_hf.pin_memory().to(device, non_blocking=True)
+            values = values.pin_memory().to(device, non_blocking=True)
+        rows, positions = gmap.map(global_hf)
+        order, local, per_param = gmap.split(positions)
+        if order is not None:
+            rows = rows[order]
+        values = values.view(-1, width).index_select(0, rows).reshape(-1)
+        ops.apply(imap.params, local, values, per_param, imap.param_names)
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        report.pause_seconds += time.perf_counter() - started
+        report.changed_elements += int(counts.sum())
+        report.applied_elements += int(rows.numel())
+
+    def _apply_per_tensor(self, delta: ParsedDelta, label: str, report: UpdateReport) -> None:
+        """Fallback when value dtypes differ from the runtime parameters' (values are cast)."""
         imap = self.index_map
         started = time.perf_counter()
         device = imap.params[0].device
@@ -90,6 +132,7 @@ class MappedReceiver:
             torch.cuda.current_stream(device).synchronize()
         report.pause_seconds += time.perf_counter() - started
         report.changed_elements += int(all_indices.numel())
+        report.applied_elements += sum(n_parts)
 
 
 def _hf_tensors_of_anchor(sub: DeltaSubscriber, anchor_version: int):
@@ -117,9 +160,8 @@ class DeltaWorkerExtension:
 
     def _deltasync_model(self) -> torch.nn.Module:
         runner = getattr(self, "model_runner", None)
-        model = getattr(runner, "model", None)
-        if model is None and runner is not None and hasattr(runner, "get_model"):
-            model = runner.get_model()
+        # get_model() unwraps what recent vLLM wraps around the model (CUDA-graph wrappers).
+        model = runner.get_model() if hasattr(runner, "get_model") else getattr(runner, "model", None)
         if model is None:
             raise RuntimeError("deltasync.vllm: cannot find the worker's model (model_runner.model)")
         return model
@@ -162,5 +204,5 @@ class DeltaWorkerExtension:
     @staticmethod
     def _deltasync_report(r: UpdateReport) -> dict:
         return {"version": r.to_version, "from_version": r.from_version, "anchor": r.anchor, "deltas": r.deltas,
-                "changed_elements": r.changed_elements, "bytes": r.bytes_fetched, "seconds": r.total_seconds,
+                "changed_elements": r.changed_elements, "applied_elements": r.applied_elements, "bytes": r.bytes_fetched, "seconds": r.total_seconds,
                 "fetch_seconds": r.fetch_seconds, "pause_seconds": r.pause_seconds}

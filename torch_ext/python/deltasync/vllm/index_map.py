@@ -171,3 +171,66 @@ def learn_index_maps(model: torch.nn.Module, hf_tensors: dict[str, tuple[torch.d
             runs.append(TargetRuns.build(k, hf_start, length, rt_start))
         targets[hf_name] = runs
     return IndexMap(names, params, dict(hf_tensors), targets)
+
+
+@dataclass
+class _Layer:
+    hf_start: torch.Tensor  # int64 [R], global HF positions, ascending, non-overlapping
+    length: torch.Tensor
+    rt_start: torch.Tensor  # int64 [R], global runtime positions
+
+
+class GlobalMap:
+    """All runs of all HF tensors in one table, so a whole delta maps with a handful of kernels
+    whatever the number of tensors: HF positions are offset by a per-tensor base (tensors laid
+    end to end), runtime positions by a per-parameter base. An HF tensor that lands in several
+    runtime parameters contributes one run table per extra target ("layers")."""
+
+    def __init__(self, imap: IndexMap, device):
+        self.imap = imap
+        self.hf_base: dict[str, int] = {}
+        base = 0
+        for name, (_, shape) in imap.hf_tensors.items():
+            self.hf_base[name] = base
+            base += math.prod(shape)
+        param_numel = [p.numel() for p in imap.params]
+        self.param_base = torch.tensor([0] + param_numel, dtype=torch.int64).cumsum(0)
+        per_layer: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
+        for name, targets in imap.targets.items():
+            for depth, t in enumerate(targets):
+                if depth == len(per_layer):
+                    per_layer.append([])
+                per_layer[depth].append((t.hf_start + self.hf_base[name], t.length,
+                                         t.rt_start + int(self.param_base[t.param_index])))
+        self.layers = []
+        for runs in per_layer:
+            hf = torch.cat([r[0] for r in runs])
+            order = torch.argsort(hf)
+            self.layers.append(_Layer(hf[order].to(device), torch.cat([r[1] for r in runs])[order].to(device),
+                                      torch.cat([r[2] for r in runs])[order].to(device)))
+        self.param_base = self.param_base.to(device)
+
+    def map(self, global_hf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(source row of each runtime write, global runtime position), all layers."""
+        rows, positions = [], []
+        for layer in self.layers:
+            r = torch.searchsorted(layer.hf_start, global_hf, right=True) - 1
+            rc = r.clamp(min=0)
+            offset = global_hf - layer.hf_start[rc]
+            held = (r >= 0) & (offset < layer.length[rc])
+            rows.append(held.nonzero().reshape(-1))
+            positions.append((layer.rt_start[rc] + offset)[held])
+        if len(self.layers) == 1:
+            return rows[0], positions[0]
+        return torch.cat(rows), torch.cat(positions)
+
+    def split(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Global runtime positions -> (order that groups them by parameter, ascending; local
+        positions in that order; count per parameter)."""
+        order = None
+        if positions.numel() > 1 and not bool((positions[1:] > positions[:-1]).all()):
+            positions, order = torch.sort(positions)
+        param = torch.searchsorted(self.param_base, positions, right=True) - 1
+        local = positions - self.param_base[param]
+        counts = torch.bincount(param, minlength=len(self.imap.params))
+        return order, local, counts
