@@ -23,15 +23,15 @@
 #include "deltasync/cpu_engine.hpp"
 #include "deltasync/error.hpp"
 #include "deltasync/parallel.hpp"
-#include "training_sim.hpp"
+#include "deltasync/training_sim.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 struct Config {
-  realistic::ModelShape shape;
-  realistic::AdamW opt;
+  deltasync::sim::ModelShape shape;
+  deltasync::sim::AdamW opt;
   int steps = 24;
   uint64_t seed = 42;
   std::vector<double> densities;  // empty: one run at opt.lr
@@ -146,7 +146,7 @@ struct Measure {
 // Owns the published copy (encode shadow) and the receiver's copy (patched from compact deltas).
 class Pipeline {
  public:
-  Pipeline(const realistic::TrainingSim& sim, const Config& config) : sim_(sim), config_(config) { resync(); }
+  Pipeline(const deltasync::sim::TrainingSim& sim, const Config& config) : sim_(sim), config_(config) { resync(); }
 
   // Both copies := the simulator's current weights (after a reset).
   void resync() {
@@ -214,7 +214,7 @@ class Pipeline {
   }
 
  private:
-  const realistic::TrainingSim& sim_;
+  const deltasync::sim::TrainingSim& sim_;
   const Config& config_;
   std::vector<std::vector<uint16_t>> published_, receiver_;
   deltasync::SparseDelta delta_;
@@ -245,7 +245,7 @@ void print_row(const std::string& label, const Measure& m) {
 
 int main(int argc, char** argv) try {
   const Config config = parse(argc, argv);
-  realistic::TrainingSim sim(config.shape, config.seed);
+  deltasync::sim::TrainingSim sim(config.shape, config.seed);
   Pipeline pipeline(sim, config);
 
   std::printf("## deltasync-realistic\n\n");
@@ -279,7 +279,7 @@ int main(int argc, char** argv) try {
   std::vector<std::pair<double, Measure>> rows;
   double lr = config.opt.lr;
   for (const double target : config.densities) {
-    realistic::AdamW opt = config.opt;
+    deltasync::sim::AdamW opt = config.opt;
     for (int round = 0; round < 5; ++round) {
       opt.lr = lr;
       sim.reset();

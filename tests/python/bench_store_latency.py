@@ -15,6 +15,8 @@ import time
 import types
 from pathlib import Path
 
+import logging
+
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -24,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def start_moto():
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     import boto3
     from moto import settings
     from moto.core.authorization import ActionAuthenticatorMixin
@@ -94,7 +97,6 @@ def main():
             print(f"[{kind}] publish v2 (delta): command {wall:.2f} s | {line}")
             line, wall = run(bin_dir, ["pull", "--store", url, "-o", out, "--quiet"], env)
             print(f"[{kind}] pull v2 (delta): command {wall:.2f} s | {line}")
-            same = subprocess.run(["cmp", "-s", "-i", "0:0", str(out), str(v2)]).returncode
             print(f"[{kind}] log:\n" + run(bin_dir, ["log", "--store", url], env)[0])
             if server:
                 server.stop()

@@ -323,9 +323,48 @@ def test_folder_store_exclusive_create(tmp_path):
         s.get("../escape")
 
 
-def test_python_store_refuses_other_schemes():
-    with pytest.raises(ValueError, match="folder stores"):
-        deltasync.DeltaSubscriber(make_model(0), store="s3://bucket/prefix")
+def test_unknown_store_scheme_is_refused():
+    with pytest.raises(ValueError, match="unknown store URL scheme"):
+        deltasync.DeltaSubscriber(make_model(0), store="ftp://host/path")
+
+
+@pytest.fixture
+def s3_store(monkeypatch):
+    """A moto S3 server on 127.0.0.1 with one bucket; credentials through the environment, as
+    the C++ S3 store reads them."""
+    boto3 = pytest.importorskip("boto3")
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="torch-test")
+    yield "s3://torch-test/run1"
+    server.stop()
+
+
+def test_publisher_and_subscriber_over_s3(s3_store):
+    trainer, follower = make_model(0), make_model(1)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
+    sub = deltasync.DeltaSubscriber(follower, store=s3_store)
+    assert sub.poll() is None
+    with deltasync.DeltaPublisher(trainer, store=s3_store, anchor_every=3) as pub:
+        for step in range(5):
+            if step:
+                train_step(trainer, optimizer, step)
+            pub.publish(step)
+            pub.flush()
+            assert sub.update() == step
+            assert bits_equal(trainer, follower)
+    assert [s.anchor for s in pub.stats] == [True, False, False, True, False]
+    keys = pub.store.list("manifests/")
+    assert keys == [f"manifests/{v:020d}.json" for v in range(5)]
+    assert not pub.store.put_if_absent(keys[0], b"{}")
 
 
 # --- interoperability with the C++ CLI (same store protocol and delta layout) -----------------

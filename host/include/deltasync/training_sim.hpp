@@ -1,4 +1,3 @@
-// Part of the host library: the demo, the benchmarks and the tests all drive it.
 // A stand-in for an RL trainer: a transformer-shaped set of bf16 weights with fp32 master
 // copies, updated by AdamW from noisy gradients at RL learning rates. Every step produces the
 // bf16 checkpoint a trainer would publish; the difference to the previous one is the delta.

@@ -1,7 +1,12 @@
-"""The folder store in Python, with the same semantics as deltasync's C++ folder store
-(host/include/deltasync/store.hpp): objects written whole via a temporary name and rename,
-exclusive create for manifests. Other URL schemes (s3://, http://) are served by the C++
-library and the `deltasync` CLI; this package does not bind them yet.
+"""Stores for the Python package.
+
+- file:///path (or a plain path): FolderStore, in Python, with the same semantics as deltasync's
+  C++ folder store (objects written whole via a temporary name and rename, exclusive create for
+  manifests).
+- s3://bucket/prefix, http(s)://host/path: NativeStore, the C++ library's stores (SigV4,
+  retries, multipart and ranged transfers; options and credentials from the environment as for
+  the CLI: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL, ...) through
+  torch.ops.deltasync.store_*.
 """
 from __future__ import annotations
 
@@ -81,8 +86,51 @@ class FolderStore:
         return sorted(keys)
 
 
-def open_store(url: str | os.PathLike | FolderStore) -> FolderStore:
-    if isinstance(url, FolderStore):
+class NativeStore:
+    """A store of the C++ library, by URL."""
+
+    def __init__(self, url: str):
+        import torch
+
+        from . import _library
+
+        _library.load()
+        self._ops = torch.ops.deltasync
+        self.url = url
+        self._ops.store_exists(url, "LATEST")  # opens it now: a malformed URL fails here
+
+    def describe(self, key: str) -> str:
+        return f"{self.url.rstrip('/')}/{key}"
+
+    def put(self, key: str, data: bytes) -> None:
+        self._ops.store_put(self.url, key, _as_tensor(data))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return bool(self._ops.store_put_if_absent(self.url, key, _as_tensor(data)))
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._ops.store_get(self.url, key).numpy().tobytes()
+        except RuntimeError as e:
+            if "no such object" in str(e):
+                raise NotFound(f"{self.describe(key)}: no such object") from None
+            raise
+
+    def exists(self, key: str) -> bool:
+        return bool(self._ops.store_exists(self.url, key))
+
+    def list(self, prefix: str) -> list[str]:
+        return sorted(self._ops.store_list(self.url, prefix))
+
+
+def _as_tensor(data: bytes):
+    import torch
+
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def open_store(url):
+    if isinstance(url, (FolderStore, NativeStore)):
         return url
     text = os.fspath(url)
     parsed = urllib.parse.urlparse(text)
@@ -90,7 +138,6 @@ def open_store(url: str | os.PathLike | FolderStore) -> FolderStore:
         return FolderStore(urllib.parse.unquote(parsed.path))
     if parsed.scheme == "":
         return FolderStore(text)
-    raise ValueError(
-        f"{text}: the Python package supports folder stores (file:///path) only; use the deltasync "
-        f"CLI (deltasync publish / pull) for {parsed.scheme}:// stores"
-    )
+    if parsed.scheme in ("s3", "http", "https"):
+        return NativeStore(text)
+    raise ValueError(f"{text}: unknown store URL scheme {parsed.scheme!r} (file://, s3://, http(s)://)")
