@@ -127,6 +127,9 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=2)
     args = ap.parse_args()
 
+    # A model this small gains nothing from intra-op threads, and on a busy machine OpenMP
+    # barriers waiting for descheduled threads would dominate the millisecond timings printed.
+    torch.set_num_threads(1)
     config = vs.Config(vocab_size=256, hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32,
                        intermediate_size=384, num_layers=2, qkv_bias=True)
     torch.manual_seed(0)

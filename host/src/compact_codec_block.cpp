@@ -32,12 +32,20 @@ constexpr int kLanes = 4;
 
 template <typename T>
 void store_le(uint8_t* out, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(out, &v, sizeof(T));
+  } else {
+    for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+  }
 }
 template <typename T>
 T load_le(const uint8_t* in) {
   T v = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(in[i]) << (8 * i);
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(&v, in, sizeof(T));
+  } else {
+    for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(in[i]) << (8 * i);
+  }
   return v;
 }
 
@@ -56,91 +64,116 @@ inline Split split(uint64_t v) {
   return {16u + 4u * (n - 4u) + top, n - 2u, v & ((uint64_t{1} << (n - 2)) - 1)};
 }
 
-inline uint32_t extra_bits_of(uint32_t token) { return token < 16 ? 0 : (token - 16) / 4 + 2; }
-
-inline uint64_t join(uint32_t token, uint64_t extra) {
-  if (token < 16) return token;
-  const uint32_t n = (token - 16) / 4 + 4;
-  const uint64_t top = 4u | ((token - 16) & 3u);
-  return (top << (n - 2)) | extra;
+// The same split without branches (v < 16 versus not is unpredictable for gaps): the token and
+// the number of raw bits; the raw bits are the low `extra_bits` bits of v.
+struct Token {
+  uint32_t token;
+  uint32_t extra_bits;
+};
+inline Token tokenize(uint64_t v) {
+  const uint32_t log2 = 63u - static_cast<uint32_t>(std::countl_zero(v | 1));
+  const bool large = v >= 16;
+  const uint32_t n = large ? log2 : 4u;  // keeps the shift below in range when v < 16
+  const uint32_t token_large = 16u + 4u * (n - 4u) + (static_cast<uint32_t>(v >> (n - 2)) & 3u);
+  return {large ? token_large : static_cast<uint32_t>(v), large ? n - 2u : 0u};
 }
+
+// Decoder view of a token: v = base + (extra_bits raw bits).
+struct TokenJoin {
+  std::array<uint64_t, kGapTokens> base{};
+  std::array<uint8_t, kGapTokens> extra_bits{};
+};
+constexpr TokenJoin make_token_join() {
+  TokenJoin j;
+  for (uint32_t t = 0; t < kGapTokens; ++t) {
+    if (t < 16) {
+      j.base[t] = t;
+      j.extra_bits[t] = 0;
+    } else {
+      const uint32_t n = (t - 16) / 4 + 4;
+      j.base[t] = uint64_t{4u | ((t - 16) & 3u)} << (n - 2);
+      j.extra_bits[t] = static_cast<uint8_t>(n - 2);
+    }
+  }
+  return j;
+}
+constexpr TokenJoin kTokenJoin = make_token_join();
 
 // Highest token a value of `width` bytes can produce (its symbols are < 2^(8*width)).
 uint32_t value_token_limit(uint32_t width) { return split(width_mask(width)).token + 1; }
 
 // ---- raw bits, LSB first --------------------------------------------------------------------
 
-// Writes into a buffer the caller sized for the worst case (<= 96 bits per change).
+// Branch-free writer: every put stores the whole 64-bit accumulator and advances by the complete
+// bytes it holds (whether a byte completes is a coin flip per change, so a branch on it would be
+// mispredicted half the time). The caller sizes the buffer for the worst case plus 8 bytes of
+// slack for the last store.
 class BitWriter {
  public:
   explicit BitWriter(uint8_t* out) : begin_(out), ptr_(out) {}
-  void put(uint64_t v, uint32_t n) {  // n <= 64
-    if (n > 32) {
-      put32(static_cast<uint32_t>(v), 32);
-      put32(static_cast<uint32_t>(v >> 32), n - 32);
+  void put(uint64_t v, uint32_t n) {  // n <= 64, v < 2^n
+    if (n > kMaxPut) [[unlikely]] {
+      put_small(static_cast<uint32_t>(v), 32);
+      put_small(v >> 32, n - 32);
     } else {
-      put32(static_cast<uint32_t>(v), n);
+      put_small(v, n);
     }
   }
-  // Flushes the last partial bytes; returns the bytes written.
+  // Flushes the last partial byte; returns the bytes written.
   size_t finish() {
-    while (count_ > 0) {
-      *ptr_++ = static_cast<uint8_t>(acc_);
-      acc_ >>= 8;
-      count_ = count_ > 8 ? count_ - 8 : 0;
-    }
+    if (count_ > 0) *ptr_++ = static_cast<uint8_t>(acc_);
+    acc_ = 0;
+    count_ = 0;
     return static_cast<size_t>(ptr_ - begin_);
   }
 
  private:
-  void put32(uint32_t v, uint32_t n) {
-    acc_ |= static_cast<uint64_t>(v & (n == 32 ? 0xFFFFFFFFu : (1u << n) - 1)) << count_;
+  static constexpr uint32_t kMaxPut = 56;  // fits beside < 8 pending bits
+  void put_small(uint64_t v, uint32_t n) {  // n <= 56, v < 2^n
+    acc_ |= v << count_;
     count_ += n;
-    if (count_ >= 32) {
-      store_le<uint32_t>(ptr_, static_cast<uint32_t>(acc_));
-      ptr_ += 4;
-      acc_ >>= 32;
-      count_ -= 32;
-    }
+    store_le<uint64_t>(ptr_, acc_);
+    ptr_ += count_ >> 3;
+    acc_ >>= count_ & ~7u;  // <= 56: count_ < 64
+    count_ &= 7;
   }
   uint8_t* begin_;
   uint8_t* ptr_;
-  uint64_t acc_ = 0;
+  uint64_t acc_ = 0;    // count_ < 8 pending bits
   uint32_t count_ = 0;
 };
 
+// Reader with a 56..63-bit lookahead refilled by one unaligned 8-byte load while 8 bytes remain
+// (byte by byte near the end, never past it). Bits of acc_ above count_ are the next bytes of
+// the stream, so OR-ing a reload over them is harmless.
 class BitReader {
  public:
   BitReader(const uint8_t* begin, const uint8_t* end) : ptr_(begin), end_(end) {}
   uint64_t get(uint32_t n) {  // n <= 64
-    if (n > 32) {
-      const uint64_t low = get32(32);
-      return low | (static_cast<uint64_t>(get32(n - 32)) << 32);
+    if (n > kMaxGet) [[unlikely]] {
+      const uint64_t low = get_small(32);
+      return low | (get_small(n - 32) << 32);
     }
-    return get32(n);
+    return get_small(n);
   }
   // True when everything was consumed except < 8 zero padding bits.
   bool exhausted_cleanly() const { return ptr_ == end_ && count_ < 8 && acc_ == 0; }
 
  private:
-  uint32_t get32(uint32_t n) {
-    if (n == 0) return 0;
-    if (count_ < n) {
-      if (end_ - ptr_ >= 8) {
-        // Take whole bytes while they fit in the accumulator.
-        while (count_ <= 56) {
-          acc_ |= static_cast<uint64_t>(*ptr_++) << count_;
-          count_ += 8;
-        }
-      } else {
-        while (count_ <= 56 && ptr_ < end_) {
-          acc_ |= static_cast<uint64_t>(*ptr_++) << count_;
-          count_ += 8;
-        }
-        if (count_ < n) throw BlockError("raw bit stream truncated");
+  static constexpr uint32_t kMaxGet = 56;
+  uint64_t get_small(uint32_t n) {  // n <= 56
+    if (end_ - ptr_ >= 8) [[likely]] {
+      acc_ |= load_le<uint64_t>(ptr_) << count_;
+      ptr_ += (63 - count_) >> 3;
+      count_ |= 56;
+    } else {
+      while (count_ <= 56 && ptr_ < end_) {
+        acc_ |= static_cast<uint64_t>(*ptr_++) << count_;
+        count_ += 8;
       }
+      if (count_ < n) throw BlockError("raw bit stream truncated");
     }
-    const uint32_t v = static_cast<uint32_t>(acc_ & (n == 32 ? 0xFFFFFFFFull : (uint64_t{1} << n) - 1));
+    const uint64_t v = acc_ & ((uint64_t{1} << n) - 1);
     acc_ >>= n;
     count_ -= n;
     return v;

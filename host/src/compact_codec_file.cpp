@@ -11,26 +11,6 @@
 namespace deltasync::compact {
 namespace {
 
-// Keys with a typed field in DeltaInfo, and keys derived from the data (as in delta_file.cpp).
-constexpr std::string_view kTypedKeys[] = {"sparse", "format", "model_version", "base_version"};
-constexpr std::string_view kDerivedKeys[] = {"sparsity",       "changed_params",         "total_elements",
-                                             "total_changed_elements", "tensor_shapes", "compact_version",
-                                             "compact_block_elements"};
-
-bool is_one_of(std::string_view key, std::span<const std::string_view> keys) {
-  return std::find(keys.begin(), keys.end(), key) != keys.end();
-}
-
-// 1 - changed/total, shortest round-trip decimal, "1.0" rather than "1" (Python reads a float).
-std::string sparsity_text(uint64_t changed, uint64_t total) {
-  const double sparsity = total == 0 ? 1.0 : 1.0 - static_cast<double>(changed) / static_cast<double>(total);
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, sparsity);
-  std::string text(buffer, result.ptr);
-  if (text.find_first_of(".e") == std::string::npos) text += ".0";
-  return text;
-}
-
 struct Container {
   std::vector<EncodedTensor> encoded;
   std::vector<st::WriteTensor> tensors;
@@ -45,34 +25,10 @@ Container build(std::span<const TensorMeta> tensors, const DeltaView& delta, con
     c.tensors.push_back({e.name + std::string(kIndexSuffix), DType::U8, {e.block_index.size()}, e.block_index});
     c.tensors.push_back({e.name + std::string(kDataSuffix), DType::U8, {e.payload.size()}, e.payload});
   }
-  uint64_t total = 0;
-  nlohmann::ordered_json shapes = nlohmann::ordered_json::object();
-  for (const TensorMeta& t : tensors) {
-    total += t.numel();
-    shapes[t.name] = nlohmann::ordered_json{{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}};
-  }
-  nlohmann::json changed = nlohmann::json::array();
-  for (const EncodedTensor& e : c.encoded) changed.push_back(e.name);
-  const uint64_t total_changed = delta.total_changed();
-
-  // Same rules as the interoperable writer: typed keys come from DeltaInfo's fields, derived
-  // keys are recomputed here.
-  for (const auto& [key, value] : info.extra) {
-    if (is_one_of(key, kTypedKeys))
-      throw Error("compact: metadata key \"" + key + "\" comes from DeltaInfo's fields; remove it from extra");
-    if (!is_one_of(key, kDerivedKeys)) c.metadata[key] = value;
-  }
-  c.metadata["sparse"] = "True";
-  c.metadata["format"] = "compact";
+  // The metadata of every delta layout, plus the codec's own keys.
+  c.metadata = delta_metadata("compact delta", tensors, delta, info, "compact");
   c.metadata["compact_version"] = std::to_string(kFormatVersion);
   c.metadata["compact_block_elements"] = std::to_string(options.block_elements);
-  c.metadata["model_version"] = std::to_string(info.model_version);
-  if (info.base_version) c.metadata["base_version"] = std::to_string(*info.base_version);
-  c.metadata["sparsity"] = sparsity_text(total_changed, total);
-  c.metadata["changed_params"] = changed.dump();
-  c.metadata["total_elements"] = std::to_string(total);
-  c.metadata["total_changed_elements"] = std::to_string(total_changed);
-  c.metadata["tensor_shapes"] = shapes.dump();
   return c;
 }
 
@@ -120,16 +76,7 @@ std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const
     throw Error(label + ": unsupported compact_version '" + (version == md.end() ? "" : version->second) +
                 "' (this build reads " + std::to_string(kFormatVersion) + ")");
 
-  out.info = DeltaInfo{};
-  for (const auto& [key, value] : md) {
-    if (key == "model_version") {
-      out.info.model_version = parse_u64(file, key, value);
-    } else if (key == "base_version") {
-      out.info.base_version = parse_u64(file, key, value);
-    } else if (!is_one_of(key, kTypedKeys)) {
-      out.info.extra[key] = value;
-    }
-  }
+  out.info = delta_info(md, label);
 
   // Pair NAME.cindex with NAME.cdata, in file order of the index tensors.
   std::vector<EncodedTensorView> views;

@@ -198,6 +198,26 @@ std::vector<TensorMeta> model_tensors(const st::File& checkpoint) {
   return tensors;
 }
 
+st::Metadata delta_metadata(const std::string& label, std::span<const TensorMeta> tensors, const DeltaView& delta,
+                            const DeltaInfo& info, std::string_view format) {
+  if (delta.num_tensors() != tensors.size()) {
+    fail(label, "delta covers " + std::to_string(delta.num_tensors()) + " tensors but the model has " +
+                    std::to_string(tensors.size()));
+  }
+  std::vector<std::string> changed_names;
+  for (size_t t = 0; t < tensors.size(); ++t)
+    if (delta.count(t)) changed_names.push_back(tensors[t].name);
+  const uint64_t total = model_numel(tensors, label);
+  const uint64_t total_changed = delta.total_changed();
+  st::Metadata md = base_metadata(label, tensors, info, /*sparse=*/true, total);
+  md["format"] = std::string(format);
+  if (info.base_version) md["base_version"] = std::to_string(*info.base_version);
+  md["sparsity"] = sparsity_text(total_changed, total);
+  md["changed_params"] = Json(changed_names).dump();
+  md["total_changed_elements"] = std::to_string(total_changed);
+  return md;
+}
+
 namespace {
 
 // The tensors and metadata of a delta file, ready for st::serialize or st::write_file. `path`
@@ -246,13 +266,7 @@ std::pair<std::vector<st::WriteTensor>, st::Metadata> trl_delta_layout(
   ordered.reserve(pending.size());
   for (Pending& p : pending) ordered.push_back(std::move(p.tensor));
 
-  const uint64_t total = model_numel(tensors, path);
-  st::Metadata md = base_metadata(path, tensors, info, /*sparse=*/true, total);
-  if (info.base_version) md["base_version"] = std::to_string(*info.base_version);
-  md["sparsity"] = sparsity_text(total_changed, total);
-  md["changed_params"] = Json(changed_names).dump();
-  md["total_changed_elements"] = std::to_string(total_changed);
-  return {std::move(ordered), std::move(md)};
+  return {std::move(ordered), delta_metadata(path, tensors, delta, info, "trl")};
 }
 
 std::pair<std::vector<st::WriteTensor>, st::Metadata> anchor_layout(const std::string& path,
@@ -300,6 +314,17 @@ std::vector<uint8_t> serialize_anchor(std::span<const TensorMeta> tensors, std::
   return st::serialize(layout, md);
 }
 
+DeltaInfo delta_info(const st::Metadata& md, const std::string& label) {
+  DeltaInfo info;
+  if (!md.contains("model_version")) fail(label, "metadata has no \"model_version\" key");
+  info.model_version = metadata_u64(md, "model_version", label);
+  if (md.contains("base_version")) info.base_version = metadata_u64(md, "base_version", label);
+  for (const auto& [key, value] : md) {
+    if (!is_one_of(key, kTypedKeys)) info.extra.emplace(key, value);
+  }
+  return info;
+}
+
 ParsedDelta parse_trl_delta(const st::File& file) {
   const std::string& label = file.label();
   const st::Metadata& md = file.metadata();
@@ -318,12 +343,7 @@ ParsedDelta parse_trl_delta(const st::File& file) {
                       "\" means format \"" + expected + "\"");
     }
   }
-  if (!md.contains("model_version")) fail(label, "metadata has no \"model_version\" key");
-  parsed.info.model_version = metadata_u64(md, "model_version", label);
-  if (md.contains("base_version")) parsed.info.base_version = metadata_u64(md, "base_version", label);
-  for (const auto& [key, value] : md) {
-    if (!is_one_of(key, kTypedKeys)) parsed.info.extra.emplace(key, value);
-  }
+  parsed.info = delta_info(md, label);
 
   // Derived keys are optional (other writers may omit them) but must be well formed when present.
   if (md.contains("total_elements")) metadata_u64(md, "total_elements", label);

@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "deltasync/dtype.hpp"
@@ -37,6 +38,16 @@ struct DeltaInfo {
 
 // Tensor metadata of a checkpoint file, in file order (throws if a dtype is not a weight dtype).
 std::vector<TensorMeta> model_tensors(const st::File& checkpoint);
+
+// The metadata every delta layout carries (sparse, format, model_version, base_version,
+// sparsity, changed_params, totals, tensor_shapes, then info.extra; keys with a typed field in
+// DeltaInfo are refused in extra, derived keys in extra are replaced). `label` names errors.
+st::Metadata delta_metadata(const std::string& label, std::span<const TensorMeta> tensors, const DeltaView& delta,
+                            const DeltaInfo& info, std::string_view format);
+
+// The typed fields and the remaining keys (as extra) of a delta's metadata; Error("LABEL: ...")
+// when model_version is missing or a version is not a non-negative integer.
+DeltaInfo delta_info(const st::Metadata& metadata, const std::string& label);
 
 // Writes a delta in the interoperable layout. `tensors` is the model in the order of the
 // encode that produced `delta` (delta.num_tensors() == tensors.size()).
