@@ -451,18 +451,34 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
   // back would serialize on store-to-load forwarding.
   std::array<std::array<uint32_t, kGapTokens>, 4> gap_hist{}, value_hist{};
   BitWriter writer(bits_buffer.data());
-  for (uint32_t i = 0; i < count; ++i) {
-    if (i > 0) {
-      const Split g = split(static_cast<uint64_t>(positions[i] - positions[i - 1] - 1));
-      gap_tokens[i] = static_cast<uint8_t>(g.token);
-      ++gap_hist[i & 3][g.token];
-      if (g.extra_bits) writer.put(g.extra, g.extra_bits);
-    }
-    const uint32_t sym = value_symbol(load_w<W>(new_bits + size_t{i} * W), load_w<W>(base_bits + size_t{i} * W), W);
-    const Split v = split(sym);
+  const auto value_of = [&](uint32_t i) {
+    return value_symbol(load_w<W>(new_bits + size_t{i} * W), load_w<W>(base_bits + size_t{i} * W), W);
+  };
+  {
+    const uint32_t sym = value_of(0);
+    const Token v = tokenize(sym);
+    value_tokens[0] = static_cast<uint8_t>(v.token);
+    ++value_hist[0][v.token];
+    writer.put(sym & ((uint64_t{1} << v.extra_bits) - 1), v.extra_bits);
+  }
+  for (uint32_t i = 1; i < count; ++i) {
+    const uint64_t gap = static_cast<uint64_t>(positions[i] - positions[i - 1] - 1);
+    const Token g = tokenize(gap);
+    gap_tokens[i] = static_cast<uint8_t>(g.token);
+    ++gap_hist[i & 3][g.token];
+    const uint32_t sym = value_of(i);
+    const Token v = tokenize(sym);
     value_tokens[i] = static_cast<uint8_t>(v.token);
     ++value_hist[i & 3][v.token];
-    if (v.extra_bits) writer.put(v.extra, v.extra_bits);
+    // Gap raw bits then value raw bits (decode order); one put when both fit in 56 bits.
+    const uint64_t gap_extra = g.extra_bits >= 64 ? gap : gap & ((uint64_t{1} << g.extra_bits) - 1);
+    const uint64_t value_extra = sym & ((uint64_t{1} << v.extra_bits) - 1);
+    if (g.extra_bits + v.extra_bits <= 56) [[likely]] {
+      writer.put(gap_extra | (value_extra << g.extra_bits), g.extra_bits + v.extra_bits);
+    } else {
+      writer.put(gap_extra, g.extra_bits);
+      writer.put(value_extra, v.extra_bits);
+    }
   }
   std::array<uint32_t, kGapTokens> gap_counts{}, value_counts{};
   for (uint32_t t = 0; t < kGapTokens; ++t) {
@@ -484,18 +500,26 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
     value_enc[s] = enc_symbol(value_model.start[s], value_model.freq[s]);
 
   // Pass 2: rANS in reverse decode order, written backwards (<= 2 bytes per symbol + states).
+  // Unrolled by pairs of changes (odd i, then the even i - 1 below it), so the lane choice is
+  // static: odd changes use lanes 3 (value) and 2 (gap), even ones lanes 1 and 0.
   uint8_t* const end = rans_buffer.data() + size_t{count} * 4 + 16;
   uint8_t* ptr = end;
   uint32_t x0 = kRansLow, x1 = kRansLow, x2 = kRansLow, x3 = kRansLow;
-  for (uint32_t i = count; i-- > 0;) {
-    if (i & 1) {
-      rans_put(x3, ptr, value_enc[value_tokens[i]]);
-      rans_put(x2, ptr, gap_enc[gap_tokens[i]]);
-    } else {
-      rans_put(x1, ptr, value_enc[value_tokens[i]]);
-      if (i > 0) rans_put(x0, ptr, gap_enc[gap_tokens[i]]);
-    }
+  uint32_t i = count - 1;
+  if ((i & 1) == 0 && i > 0) {  // the last change is even: code it alone, then pairs follow
+    rans_put(x1, ptr, value_enc[value_tokens[i]]);
+    rans_put(x0, ptr, gap_enc[gap_tokens[i]]);
+    --i;
   }
+  // Here i is odd, or i == 0 (a one-change block).
+  for (; i >= 1; i -= 2) {
+    rans_put(x3, ptr, value_enc[value_tokens[i]]);
+    rans_put(x2, ptr, gap_enc[gap_tokens[i]]);
+    rans_put(x1, ptr, value_enc[value_tokens[i - 1]]);
+    if (i - 1 > 0) rans_put(x0, ptr, gap_enc[gap_tokens[i - 1]]);
+    if (i == 1) break;
+  }
+  if (count == 1) rans_put(x1, ptr, value_enc[value_tokens[0]]);
   for (const uint32_t x : {x3, x2, x1, x0}) {
     ptr -= 4;
     store_le<uint32_t>(ptr, x);
@@ -522,40 +546,47 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
   RansReader rans(tables_end, rans_end);
   BitReader raw(rans_end, rans_end + record.bits_bytes);
 
-  // Pass 1: the entropy-coded streams -> positions (validated) and value symbols.
   thread_local std::vector<uint32_t> symbol_buffer;
   if (symbol_buffer.size() < count) symbol_buffer.resize(count);
   uint32_t* const symbols = symbol_buffer.data();
+
+  // Change j's base bits are read kLag changes after its position is decoded and prefetched:
+  // the reads miss the cache (one new line per change at ~1% density), and this way their
+  // latency overlaps the serial rANS work of the next changes instead of stalling on it.
+  constexpr uint32_t kLag = 32;
+  const auto finish_change = [&](uint32_t j) {
+    const uint32_t old_bits = load_w<W>(base + static_cast<uint64_t>(positions[j]) * W);
+    store_w<W>(base_bits + size_t{j} * W, old_bits);
+    store_w<W>(new_bits + size_t{j} * W, apply_value_symbol(symbols[j], old_bits, W));
+  };
+  const auto value_at = [&](uint32_t vt) {
+    return static_cast<uint32_t>(kTokenJoin.base[vt] + raw.get(kTokenJoin.extra_bits[vt]));
+  };
+
   uint64_t position = record.first_position;
   positions[0] = static_cast<int64_t>(position);
-  {
-    const uint32_t vt = rans.get<1>(value_table);
-    symbols[0] = vt < 16 ? vt : static_cast<uint32_t>(join(vt, raw.get(extra_bits_of(vt))));
-  }
-  for (uint32_t i = 1; i < count; ++i) {
-    const uint32_t gt = (i & 1) ? rans.get<2>(gap_table) : rans.get<0>(gap_table);
-    const uint64_t gap = gt < 16 ? gt : join(gt, raw.get(extra_bits_of(gt)));
+  __builtin_prefetch(base + position * W);
+  symbols[0] = value_at(rans.get<1>(value_table));
+  const auto next_change = [&]<int GapLane, int ValueLane>(uint32_t i) {
+    const uint32_t gt = rans.get<GapLane>(gap_table);
+    const uint64_t gap = kTokenJoin.base[gt] + raw.get(kTokenJoin.extra_bits[gt]);
     // position + 1 + gap < numel, written so that nothing can overflow.
-    if (gap >= numel - position - 1)
+    if (gap >= numel - position - 1) [[unlikely]]
       throw BlockError("gap after position " + std::to_string(position) + " leads outside the tensor (" +
                        std::to_string(numel) + " elements)");
     position += gap + 1;
     positions[i] = static_cast<int64_t>(position);
-    const uint32_t vt = (i & 1) ? rans.get<3>(value_table) : rans.get<1>(value_table);
-    symbols[i] = vt < 16 ? vt : static_cast<uint32_t>(join(vt, raw.get(extra_bits_of(vt))));
+    __builtin_prefetch(base + position * W);
+    symbols[i] = value_at(rans.get<ValueLane>(value_table));
+    if (i >= kLag) finish_change(i - kLag);
+  };
+  uint32_t i = 1;
+  for (; i + 1 < count; i += 2) {
+    next_change.template operator()<2, 3>(i);
+    next_change.template operator()<0, 1>(i + 1);
   }
-  // Pass 2: gather the base bits and apply the value changes. Separate from pass 1 because
-  // these reads miss the cache (one new line per change at ~1% density); with the positions
-  // known they are independent and prefetched ahead, so they overlap each other instead of
-  // each stalling the serial rANS chain.
-  constexpr uint32_t kPrefetchDistance = 48;
-  for (uint32_t i = 0; i < count; ++i) {
-    if (i + kPrefetchDistance < count)
-      __builtin_prefetch(base + static_cast<uint64_t>(positions[i + kPrefetchDistance]) * W);
-    const uint32_t old_bits = load_w<W>(base + static_cast<uint64_t>(positions[i]) * W);
-    store_w<W>(base_bits + size_t{i} * W, old_bits);
-    store_w<W>(new_bits + size_t{i} * W, apply_value_symbol(symbols[i], old_bits, W));
-  }
+  if (i < count) next_change.template operator()<2, 3>(i);
+  for (uint32_t j = count > kLag ? count - kLag : 0; j < count; ++j) finish_change(j);
   if (!rans.finished_cleanly()) throw BlockError("rANS stream has trailing bytes or a bad final state");
   if (!raw.exhausted_cleanly()) throw BlockError("raw bit stream has trailing bytes");
 }

@@ -36,9 +36,13 @@ configure_and_build() {
 }
 
 # The Python package (torch.ops.deltasync, publisher, subscriber, vLLM extension), built by
-# scikit-build-core from this CMake project against the torch already in the environment.
+# scikit-build-core from this CMake project against the torch already in the environment. Its
+# CUDA operators are built where a GPU can run them (the CUDA library itself is always built
+# and tested by configure_and_build when nvcc exists); DELTASYNC_ENABLE_CUDA overrides.
 install_python_package() {
-  echo "== pip install . (the deltasync Python package)"
-  CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)} "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    --no-build-isolation --no-deps "$ROOT"
+  local cuda=OFF
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=ON; fi
+  echo "== pip install . (the deltasync Python package; CUDA operators ${DELTASYNC_ENABLE_CUDA:-$cuda})"
+  DELTASYNC_ENABLE_CUDA=${DELTASYNC_ENABLE_CUDA:-$cuda} CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)} \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$ROOT"
 }
