@@ -53,6 +53,23 @@ inline uint64_t load64(const uint8_t* p) {
   return v;
 }
 
+// Bit k of the result is set when lane k (W bytes, little-endian) of the 64-bit word x is
+// nonzero. Each lane is folded to one bit at a known position, and a multiplication gathers those
+// bits into adjacent positions (the partial products land on distinct bits, so nothing carries).
+template <uint32_t W>
+inline uint64_t changed_lanes(uint64_t x) {
+  if constexpr (W == 1) {
+    const uint64_t high = (((x & 0x7F7F7F7F7F7F7F7Full) + 0x7F7F7F7F7F7F7F7Full) | x) & 0x8080808080808080ull;
+    return ((high >> 7) * 0x0102040810204080ull) >> 56;
+  } else if constexpr (W == 2) {
+    const uint64_t low = (x | (x >> 8)) & 0x00FF00FF00FF00FFull;  // per lane: OR of its two bytes
+    const uint64_t bit = ((low + 0x00FF00FF00FF00FFull) >> 8) & 0x0001000100010001ull;
+    return ((bit * ((1ull << 48) | (1ull << 33) | (1ull << 18) | (1ull << 3))) >> 48) & 0xF;
+  } else {
+    return static_cast<uint64_t>((x & 0xFFFFFFFFull) != 0) | (static_cast<uint64_t>((x >> 32) != 0) << 1);
+  }
+}
+
 template <uint32_t W>
 void scan_range(const EncodeItem& item, uint64_t begin, uint64_t end, TaskResult& out) {
   const auto* cur = static_cast<const uint8_t*>(item.current);
@@ -79,15 +96,16 @@ void scan_range(const EncodeItem& item, uint64_t begin, uint64_t end, TaskResult
       any |= diff[w];
     }
     if (any == 0) continue;
+    // One bit per changed lane of the block, computed without branches, then one loop over the
+    // set bits: where a change falls in a block is random, and a branch per word or lane would
+    // mispredict about once per change (measured: it doubled the time of the scan at 1%).
+    uint64_t lanes = 0;
+    for (size_t w = 0; w < kBlockBytes / 8; ++w) lanes |= changed_lanes<W>(diff[w]) << (w * kPerWord);
     out.reserve_more(kPerBlock, W);
-    // Walk the differing lanes of each word (little-endian: lane k is bits [8Wk, 8W(k+1))).
-    for (size_t w = 0; w < kBlockBytes / 8; ++w) {
-      for (uint64_t x = diff[w]; x != 0;) {
-        const unsigned lane = static_cast<unsigned>(__builtin_ctzll(x)) / (8 * W);
-        record(i + w * kPerWord + lane);
-        x &= lane + 1 == kPerWord ? 0 : ~uint64_t{0} << (8 * W * (lane + 1));
-      }
-    }
+    do {
+      record(i + static_cast<uint64_t>(__builtin_ctzll(lanes)));
+      lanes &= lanes - 1;
+    } while (lanes != 0);
   }
   out.reserve_more(end - i, W);
   for (; i < end; ++i)
