@@ -83,6 +83,21 @@ TEST(Protocol, ManifestRoundTrip) {
   EXPECT_EQ(to_json(back), to_json(m));
 }
 
+TEST(Protocol, VerifyObjectChecksSizeAndHash) {
+  const std::string payload = "some object bytes";
+  const ObjectRef ref{"deltas/x.safetensors", payload.size(), sha256_hex(bytes_of(payload))};
+  EXPECT_NO_THROW(verify_object(ref, bytes_of(payload), "obj"));
+  EXPECT_THROW(verify_object(ref, bytes_of(payload + "!"), "obj"), Error);  // size differs
+  std::string flipped = payload;
+  flipped[0] ^= 1;
+  try {
+    verify_object(ref, bytes_of(flipped), "obj");
+    FAIL() << "a changed byte must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("obj: sha256 differs"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Protocol, ManifestParsingIsStrict) {
   Manifest m;
   m.version = 3;

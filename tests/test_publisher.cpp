@@ -5,10 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
-#include <thread>
 
 #include "deltasync/cpu_engine.hpp"
 #include "deltasync/protocol.hpp"
@@ -216,54 +215,98 @@ TEST(PublishSubscribe, CorruptObjectInTheStoreFallsBackToAnAnchor) {
   expect_identical(model, trainer, 8);
 }
 
-// Slows every upload down so that the publisher falls behind.
-class SlowStore final : public Store {
+// Wraps a store so that a test decides what the publisher's uploads meet: puts held at a
+// gate until the test opens it (the publisher then falls behind, with no timing involved),
+// injected put failures, and exclusive creates that succeed but whose answer is "lost".
+class ControlledStore final : public Store {
  public:
-  SlowStore(std::shared_ptr<Store> inner, std::chrono::milliseconds delay) : inner_(std::move(inner)), delay_(delay) {}
+  explicit ControlledStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
   std::string url() const override { return inner_->url(); }
   void put(const std::string& k, std::span<const uint8_t> b) override {
-    std::this_thread::sleep_for(delay_);
+    wait_at_gate();
     if (fail_next_ > 0 && (fail_only_key_.empty() || k == fail_only_key_)) {
       --fail_next_;
       throw Error(describe(k) + ": PUT failed after 5 attempts: HTTP 503 (injected)");
     }
     inner_->put(k, b);
   }
-  bool put_if_absent(const std::string& k, std::span<const uint8_t> b) override { return inner_->put_if_absent(k, b); }
+  bool put_if_absent(const std::string& k, std::span<const uint8_t> b) override {
+    const bool created = inner_->put_if_absent(k, b);
+    if (lose_create_answers_ > 0) {
+      --lose_create_answers_;
+      throw Error(describe(k) + ": PUT failed after 5 attempts: connection reset (injected after the object was stored)");
+    }
+    return created;
+  }
   std::vector<uint8_t> get(const std::string& k) override { return inner_->get(k); }
   std::vector<uint8_t> get_range(const std::string& k, uint64_t o, uint64_t n) override { return inner_->get_range(k, o, n); }
   std::optional<ObjectInfo> head(const std::string& k) override { return inner_->head(k); }
   std::vector<ObjectInfo> list(const std::string& p) override { return inner_->list(p); }
   void remove(const std::string& k) override { inner_->remove(k); }
+
+  void close_gate() {
+    std::lock_guard<std::mutex> lock(gate_mutex_);
+    gate_open_ = false;
+  }
+  void open_gate() {
+    {
+      std::lock_guard<std::mutex> lock(gate_mutex_);
+      gate_open_ = true;
+    }
+    gate_changed_.notify_all();
+  }
+  // Returns once some put is waiting at the closed gate.
+  void wait_until_held() {
+    std::unique_lock<std::mutex> lock(gate_mutex_);
+    gate_changed_.wait(lock, [&] { return held_ > 0; });
+  }
+
   std::atomic<int> fail_next_{0};
   std::string fail_only_key_;  // fail only puts of this key (empty: any)
+  std::atomic<int> lose_create_answers_{0};
 
  private:
+  void wait_at_gate() {
+    std::unique_lock<std::mutex> lock(gate_mutex_);
+    ++held_;
+    gate_changed_.notify_all();
+    gate_changed_.wait(lock, [&] { return gate_open_; });
+    --held_;
+  }
+
   std::shared_ptr<Store> inner_;
-  std::chrono::milliseconds delay_;
+  std::mutex gate_mutex_;
+  std::condition_variable gate_changed_;
+  bool gate_open_ = true;
+  int held_ = 0;
 };
 
 TEST(PublishSubscribe, FallingBehindMergesPendingVersions) {
   TempDir dir;
-  auto slow = std::make_shared<SlowStore>(open_store(dir.path().string()), std::chrono::milliseconds(30));
+  auto gated = std::make_shared<ControlledStore>(open_store(dir.path().string()));
   Trainer trainer;
   PublisherOptions options;
   options.anchor_every = 0;
   options.anchor_share = 0;
   options.max_pending = 1;
-  Publisher publisher(slow, trainer.meta, options);
+  Publisher publisher(gated, trainer.meta, options);
+  // Version 1's upload is held inside the store while versions 2..12 are published.
+  gated->close_gate();
   publisher.publish(1, trainer.refs());
+  gated->wait_until_held();
   for (uint64_t v = 2; v <= 12; ++v) {
     trainer.step();
     publisher.publish(v, trainer.refs());  // never waits for the store
   }
+  gated->open_gate();
   publisher.flush();
   auto stats = publisher.stats();
-  uint64_t covered = 0;
-  for (const auto& s : stats) covered += s.merged_versions;
-  EXPECT_EQ(covered, 12u);
-  EXPECT_LT(stats.size(), 12u) << "uploads 30 ms each cannot keep up with back-to-back publishes";
-  EXPECT_EQ(stats.back().version, 12u);
+  ASSERT_EQ(stats.size(), 2u) << "versions 2..12 waited behind version 1 and were merged into one upload";
+  EXPECT_EQ(stats[0].version, 1u);
+  EXPECT_EQ(stats[1].version, 12u);
+  EXPECT_EQ(stats[1].merged_versions, 11u);
+  EXPECT_EQ(stats[1].base_version, 1u);
+  EXPECT_FALSE(stats[1].anchor);
   auto reader_store = open_store(dir.path().string());
   Subscriber sub(*reader_store);
   HostModel model;
@@ -277,9 +320,41 @@ TEST(PublishSubscribe, FallingBehindMergesPendingVersions) {
   expect_identical(from_first, trainer, 12);
 }
 
+TEST(PublishSubscribe, ManifestCreatedButItsAnswerLostIsFinishedOnTheNextTry) {
+  TempDir dir;
+  auto flaky = std::make_shared<ControlledStore>(open_store(dir.path().string()));
+  Trainer trainer;
+  PublisherOptions options;
+  options.keep_anchors = 0;
+  Publisher publisher(flaky, trainer.meta, options);
+  publisher.publish(1, trainer.refs());
+  publisher.flush();
+  trainer.step();
+  flaky->lose_create_answers_ = 1;
+  publisher.publish(2, trainer.refs());
+  EXPECT_NE(error_message([&] { publisher.flush(); }).find("injected"), std::string::npos);
+  protocol::Catalog catalog(*flaky);
+  ASSERT_TRUE(catalog.find(2)) << "the store kept the manifest whose answer was lost";
+  // The next try recognizes its own manifest and finishes the version (it used to refuse it as
+  // "already exists" on every try, so the publisher never moved again).
+  publisher.flush();
+  EXPECT_EQ(protocol::read_latest(*flaky), 2u);
+  EXPECT_EQ(publisher.state().last_version, 2u);
+  Subscriber sub(*flaky);
+  HostModel model;
+  sub.sync(model);
+  expect_identical(model, trainer, 2);
+  trainer.step();
+  publisher.publish(3, trainer.refs());
+  publisher.flush();
+  auto report = sub.sync(model);
+  EXPECT_EQ(report.plan.deltas, (std::vector<uint64_t>{3}));
+  expect_identical(model, trainer, 3);
+}
+
 TEST(PublishSubscribe, FailedUploadIsReportedThenRetried) {
   TempDir dir;
-  auto flaky = std::make_shared<SlowStore>(open_store(dir.path().string()), std::chrono::milliseconds(0));
+  auto flaky = std::make_shared<ControlledStore>(open_store(dir.path().string()));
   Trainer trainer;
   PublisherOptions options;
   options.keep_anchors = 0;

@@ -30,6 +30,20 @@ TEST(Sha256, StreamingEqualsOneShot) {
   }
 }
 
+TEST(Sha256, EmptyUpdatesChangeNothing) {
+  // Empty spans (data() may be null) between and around chunks, with a partial block pending.
+  std::string text(100, 'q');
+  deltasync::Sha256 h;
+  h.update({});
+  h.update(bytes_of(text.substr(0, 30)));
+  h.update({});
+  h.update(std::span<const uint8_t>(static_cast<const uint8_t*>(nullptr), 0));
+  h.update(bytes_of(text.substr(30)));
+  h.update({});
+  EXPECT_EQ(deltasync::to_hex(h.finish()), deltasync::sha256_hex(bytes_of(text)));
+  EXPECT_EQ(deltasync::sha256_hex({}), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
 TEST(Sha256, CpuExtensionsAndPortableCodeAgree) {
   // On a CPU with SHA extensions sha256() takes them; either way both paths must agree, on
   // lengths around every padding boundary.

@@ -158,6 +158,17 @@ TEST(OpenStore, S3NeedsCredentialsAndNeverPrintsThem) {
   unsetenv("AWS_SECRET_ACCESS_KEY");
 }
 
+TEST(OpenStore, ErrorsNeverEchoSecretsWrittenIntoTheUrl) {
+  // A key pair typed into an s3:// URL, a password in an unknown scheme's URL, a signature in a
+  // query string: the error names the store without them.
+  for (const char* url : {"s3://AKIAEXAMPLE:topsecret@bucket/prefix", "ftp://user:topsecret@host/x",
+                          "gs://bucket/obj?sig=topsecret"}) {
+    std::string msg = error_message([&] { deltasync::open_store(url); });
+    EXPECT_FALSE(msg.empty()) << url;
+    EXPECT_EQ(msg.find("topsecret"), std::string::npos) << msg;
+  }
+}
+
 TEST(OpenStore, HttpStoreCannotList) {
   auto store = deltasync::open_store("http://127.0.0.1:9/base");
   std::string msg = error_message([&] { store->list("manifests/"); });

@@ -70,12 +70,35 @@ struct Token {
   uint32_t token;
   uint32_t extra_bits;
 };
-inline Token tokenize(uint64_t v) {
+constexpr Token tokenize(uint64_t v) {
   const uint32_t log2 = 63u - static_cast<uint32_t>(std::countl_zero(v | 1));
-  const bool large = v >= 16;
-  const uint32_t n = large ? log2 : 4u;  // keeps the shift below in range when v < 16
+  const uint32_t large = 0u - static_cast<uint32_t>(v >= 16);  // all ones iff v >= 16
+  const uint32_t n = std::max(log2, 2u);                      // keeps the shift in range for small v
   const uint32_t token_large = 16u + 4u * (n - 4u) + (static_cast<uint32_t>(v >> (n - 2)) & 3u);
-  return {large ? token_large : static_cast<uint32_t>(v), large ? n - 2u : 0u};
+  return {(token_large & large) | (static_cast<uint32_t>(v) & ~large), (n - 2u) & large};
+}
+
+// Tokens of small integers from a table (gaps at >= 0.1% density and almost all value symbols
+// are below it): one load instead of ~10 dependent operations. Entry: token | extra_bits << 8.
+constexpr uint32_t kTokenLutSize = 4096;
+struct TokenLut {
+  std::array<uint16_t, kTokenLutSize> entry{};
+};
+constexpr TokenLut make_token_lut() {
+  TokenLut lut;
+  for (uint32_t v = 0; v < kTokenLutSize; ++v) {
+    const Token t = tokenize(v);
+    lut.entry[v] = static_cast<uint16_t>(t.token | t.extra_bits << 8);
+  }
+  return lut;
+}
+constexpr TokenLut kTokenLut = make_token_lut();
+inline Token tokenize_fast(uint64_t v) {
+  if (v < kTokenLutSize) [[likely]] {
+    const uint32_t e = kTokenLut.entry[v];
+    return {e & 0xFFu, e >> 8};
+  }
+  return tokenize(v);
 }
 
 // Decoder view of a token: v = base + (extra_bits raw bits).
@@ -149,20 +172,24 @@ class BitWriter {
 class BitReader {
  public:
   BitReader(const uint8_t* begin, const uint8_t* end) : ptr_(begin), end_(end) {}
+  // Checked = false: the caller guarantees that at least n / 8 + 8 bytes remain.
+  template <bool Checked = true>
   uint64_t get(uint32_t n) {  // n <= 64
     if (n > kMaxGet) [[unlikely]] {
-      const uint64_t low = get_small(32);
-      return low | (get_small(n - 32) << 32);
+      const uint64_t low = get_small<Checked>(32);
+      return low | (get_small<Checked>(n - 32) << 32);
     }
-    return get_small(n);
+    return get_small<Checked>(n);
   }
+  size_t remaining() const { return static_cast<size_t>(end_ - ptr_); }
   // True when everything was consumed except < 8 zero padding bits.
   bool exhausted_cleanly() const { return ptr_ == end_ && count_ < 8 && acc_ == 0; }
 
  private:
   static constexpr uint32_t kMaxGet = 56;
+  template <bool Checked>
   uint64_t get_small(uint32_t n) {  // n <= 56
-    if (end_ - ptr_ >= 8) [[likely]] {
+    if (!Checked || end_ - ptr_ >= 8) [[likely]] {
       acc_ |= load_le<uint64_t>(ptr_) << count_;
       ptr_ += (63 - count_) >> 3;
       count_ |= 56;
@@ -213,7 +240,7 @@ struct Model {
   std::array<uint32_t, kGapTokens> start{};
 };
 
-// Decoder view of a table: for every slot, symbol | (freq - 1) << 8 | start << 20.
+// Decoder view of a table: for every slot, symbol | (freq - 1) << 8 | (slot - start) << 20.
 using SlotTable = std::array<uint32_t, kScale>;
 
 // Quantizes a histogram to frequencies summing to kScale, every used symbol >= 1. Deterministic
@@ -280,7 +307,7 @@ void read_model(const uint8_t*& p, const uint8_t* end, uint32_t limit, bool requ
     if (f > kScale - acc) throw BlockError(std::string(kind) + " table frequencies exceed the scale");
     m.freq[s] = f;
     m.start[s] = acc;
-    if (f > 0) std::fill(table.begin() + acc, table.begin() + acc + f, s | (f - 1) << 8 | acc << 20);
+    for (uint32_t k = 0; k < f; ++k) table[acc + k] = s | (f - 1) << 8 | k << 20;
     acc += f;
   }
   if (acc != kScale) throw BlockError(std::string(kind) + " table frequencies do not sum to the scale");
@@ -289,44 +316,48 @@ void read_model(const uint8_t*& p, const uint8_t* end, uint32_t limit, bool requ
 // Encoder view of one symbol: division by the frequency replaced by a multiply with a
 // precomputed reciprocal (exact for states below 2^31, which the byte-wise renormalization
 // guarantees), as in the classic "rans_byte" formulation.
-struct EncSymbol {
-  uint32_t x_max = 0;     // renormalize while x >= x_max
-  uint32_t rcp_freq = 0;  // ceil(2^(shift+31) / freq)
+// 32 bytes, so that indexing by token is one shift.
+struct alignas(32) EncSymbol {
+  uint32_t x_max = 0;      // emit one byte if x >= x_max
+  uint32_t x_max2 = 0;     // emit two if x >= x_max2 (x_max << 8, saturated: x < 2^31 never reaches it)
+  uint32_t rcp_freq = 0;   // ceil(2^(shift+31) / freq)
   uint32_t bias = 0;
   uint32_t cmpl_freq = 0;  // kScale - freq
-  uint32_t rcp_shift = 0;
+  uint32_t rcp_shift = 0;  // 32 + the reciprocal's extra shift
 };
 
 EncSymbol enc_symbol(uint32_t start, uint32_t freq) {
   EncSymbol e;
   e.x_max = ((kRansLow >> kScaleBits) << 8) * freq;
+  e.x_max2 = static_cast<uint32_t>(std::min<uint64_t>(uint64_t{e.x_max} << 8, 0xFFFFFFFFu));
   e.cmpl_freq = kScale - freq;
   if (freq < 2) {
     // q = x·(2^32-1) >> 32 = x - 1, and x + (start + kScale - 1) + (x - 1)(kScale - 1) = x·kScale + start.
     e.rcp_freq = ~0u;
-    e.rcp_shift = 0;
+    e.rcp_shift = 32;
     e.bias = start + kScale - 1;
   } else {
     uint32_t shift = 0;
     while (freq > (1u << shift)) ++shift;
     e.rcp_freq = static_cast<uint32_t>(((uint64_t{1} << (shift + 31)) + freq - 1) / freq);
-    e.rcp_shift = shift - 1;
+    e.rcp_shift = 32 + shift - 1;
     e.bias = start;
   }
   return e;
 }
 
 // Renormalization emits 0, 1 or 2 bytes (x < 2^31 and x_max >= 2^19). Branch-free: both
-// candidate bytes are stored and the pointer moves by the count, because whether a symbol
-// emits is close to a coin flip and a mispredicted branch per symbol would dominate. The
-// buffer has slack in front, and stores below the final pointer are overwritten or ignored.
+// candidate bytes are stored (as one 16-bit store) and the pointer moves by the count, because
+// whether a symbol emits is close to a coin flip and a mispredicted branch per symbol would
+// dominate. The buffer has slack in front, and stores below the final pointer are overwritten
+// or ignored.
 inline void rans_put(uint32_t& x, uint8_t*& ptr, const EncSymbol& e) {
-  const uint32_t k = static_cast<uint32_t>(x >= e.x_max) + static_cast<uint32_t>(uint64_t{x} >= (uint64_t{e.x_max} << 8));
-  ptr[-1] = static_cast<uint8_t>(x);
-  ptr[-2] = static_cast<uint8_t>(x >> 8);
+  const uint32_t k = static_cast<uint32_t>(x >= e.x_max) + static_cast<uint32_t>(x >= e.x_max2);
+  const uint8_t pair[2] = {static_cast<uint8_t>(x >> 8), static_cast<uint8_t>(x)};  // ptr[-2], ptr[-1]
+  std::memcpy(ptr - 2, pair, 2);
   ptr -= k;
-  x = static_cast<uint32_t>(uint64_t{x} >> (8 * k));
-  const uint32_t q = static_cast<uint32_t>((static_cast<uint64_t>(x) * e.rcp_freq) >> 32) >> e.rcp_shift;
+  x >>= 8 * k;
+  const uint32_t q = static_cast<uint32_t>((static_cast<uint64_t>(x) * e.rcp_freq) >> e.rcp_shift);
   x += e.bias + q * e.cmpl_freq;
 }
 
@@ -344,17 +375,21 @@ class RansReader {
       if (x_[lane] < kRansLow || x_[lane] >= (kRansLow << 8)) throw BlockError("rANS stream has an invalid initial state");
     }
   }
-  template <int Lane>
+  // Checked = false: the caller guarantees that at least 2 bytes remain.
+  template <int Lane, bool Checked = true>
   uint32_t get(const SlotTable& table) {
     uint32_t x = x_[Lane];
-    const uint32_t slot = x & (kScale - 1);
-    const uint32_t e = table[slot];
-    x = (((e >> 8) & 0xFFF) + 1) * (x >> kScaleBits) + slot - (e >> 20);
+    const uint32_t e = table[x & (kScale - 1)];
+    x = (((e >> 8) & 0xFFF) + 1) * (x >> kScaleBits) + (e >> 20);
     // x >= 2^11 here, so 0, 1 or 2 bytes come back in; branch-free while 2 bytes remain (the
-    // count is as unpredictable as in the encoder).
-    if (end_ - ptr_ >= 2) {
+    // count is as unpredictable as in the encoder): both candidate bytes are read as one
+    // big-endian pair and shifted in by the count.
+    if (!Checked || end_ - ptr_ >= 2) [[likely]] {
       const uint32_t k = static_cast<uint32_t>(x < kRansLow) + static_cast<uint32_t>(x < (kRansLow >> 8));
-      const uint64_t two = (uint64_t{x} << 16) | (uint32_t{ptr_[0]} << 8) | ptr_[1];
+      uint16_t pair;
+      std::memcpy(&pair, ptr_, 2);
+      if constexpr (std::endian::native == std::endian::little) pair = static_cast<uint16_t>(pair << 8 | pair >> 8);
+      const uint64_t two = (uint64_t{x} << 16) | pair;
       x = static_cast<uint32_t>(two >> (16 - 8 * k));
       ptr_ += k;
     } else {
@@ -366,6 +401,7 @@ class RansReader {
     x_[Lane] = x;
     return e & 0xFF;
   }
+  size_t remaining() const { return static_cast<size_t>(end_ - ptr_); }
   // The encoder starts both lanes from kRansLow, so a complete, untampered stream ends there.
   bool finished_cleanly() const {
     return ptr_ == end_ && x_[0] == kRansLow && x_[1] == kRansLow && x_[2] == kRansLow && x_[3] == kRansLow;
@@ -451,34 +487,29 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
   // back would serialize on store-to-load forwarding.
   std::array<std::array<uint32_t, kGapTokens>, 4> gap_hist{}, value_hist{};
   BitWriter writer(bits_buffer.data());
-  const auto value_of = [&](uint32_t i) {
+  const auto value_of = [&](uint32_t i) __attribute__((always_inline)) {
     return value_symbol(load_w<W>(new_bits + size_t{i} * W), load_w<W>(base_bits + size_t{i} * W), W);
   };
   {
     const uint32_t sym = value_of(0);
-    const Token v = tokenize(sym);
+    const Token v = tokenize_fast(sym);
     value_tokens[0] = static_cast<uint8_t>(v.token);
     ++value_hist[0][v.token];
     writer.put(sym & ((uint64_t{1} << v.extra_bits) - 1), v.extra_bits);
   }
   for (uint32_t i = 1; i < count; ++i) {
     const uint64_t gap = static_cast<uint64_t>(positions[i] - positions[i - 1] - 1);
-    const Token g = tokenize(gap);
+    const Token g = tokenize_fast(gap);
     gap_tokens[i] = static_cast<uint8_t>(g.token);
     ++gap_hist[i & 3][g.token];
     const uint32_t sym = value_of(i);
-    const Token v = tokenize(sym);
+    const Token v = tokenize_fast(sym);
     value_tokens[i] = static_cast<uint8_t>(v.token);
     ++value_hist[i & 3][v.token];
-    // Gap raw bits then value raw bits (decode order); one put when both fit in 56 bits.
-    const uint64_t gap_extra = g.extra_bits >= 64 ? gap : gap & ((uint64_t{1} << g.extra_bits) - 1);
-    const uint64_t value_extra = sym & ((uint64_t{1} << v.extra_bits) - 1);
-    if (g.extra_bits + v.extra_bits <= 56) [[likely]] {
-      writer.put(gap_extra | (value_extra << g.extra_bits), g.extra_bits + v.extra_bits);
-    } else {
-      writer.put(gap_extra, g.extra_bits);
-      writer.put(value_extra, v.extra_bits);
-    }
+    // Gap raw bits then value raw bits (decode order). Value symbols of 16 and more (the only
+    // ones with raw bits) are rare, so that branch predicts well.
+    writer.put(gap & ((uint64_t{1} << g.extra_bits) - 1), g.extra_bits);  // extra_bits <= 61
+    if (v.extra_bits != 0) [[unlikely]] writer.put(sym & ((uint64_t{1} << v.extra_bits) - 1), v.extra_bits);
   }
   std::array<uint32_t, kGapTokens> gap_counts{}, value_counts{};
   for (uint32_t t = 0; t < kGapTokens; ++t) {
@@ -554,22 +585,24 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
   // the reads miss the cache (one new line per change at ~1% density), and this way their
   // latency overlaps the serial rANS work of the next changes instead of stalling on it.
   constexpr uint32_t kLag = 32;
-  const auto finish_change = [&](uint32_t j) {
+  const auto finish_change = [&](uint32_t j) __attribute__((always_inline)) {
     const uint32_t old_bits = load_w<W>(base + static_cast<uint64_t>(positions[j]) * W);
     store_w<W>(base_bits + size_t{j} * W, old_bits);
     store_w<W>(new_bits + size_t{j} * W, apply_value_symbol(symbols[j], old_bits, W));
   };
-  const auto value_at = [&](uint32_t vt) {
-    return static_cast<uint32_t>(kTokenJoin.base[vt] + raw.get(kTokenJoin.extra_bits[vt]));
+  // Value tokens below 16 (no raw bits) are nearly all of them, so this branch predicts well.
+  const auto value_at = [&]<bool Checked>(uint32_t vt) __attribute__((always_inline)) {
+    if (vt < 16) [[likely]] return vt;
+    return static_cast<uint32_t>(kTokenJoin.base[vt] + raw.template get<Checked>(kTokenJoin.extra_bits[vt]));
   };
 
   uint64_t position = record.first_position;
   positions[0] = static_cast<int64_t>(position);
   __builtin_prefetch(base + position * W);
-  symbols[0] = value_at(rans.get<1>(value_table));
-  const auto next_change = [&]<int GapLane, int ValueLane>(uint32_t i) {
-    const uint32_t gt = rans.get<GapLane>(gap_table);
-    const uint64_t gap = kTokenJoin.base[gt] + raw.get(kTokenJoin.extra_bits[gt]);
+  symbols[0] = value_at.template operator()<true>(rans.get<1>(value_table));
+  const auto next_change = [&]<int GapLane, int ValueLane, bool Checked>(uint32_t i) __attribute__((always_inline)) {
+    const uint32_t gt = rans.get<GapLane, Checked>(gap_table);
+    const uint64_t gap = kTokenJoin.base[gt] + raw.template get<Checked>(kTokenJoin.extra_bits[gt]);
     // position + 1 + gap < numel, written so that nothing can overflow.
     if (gap >= numel - position - 1) [[unlikely]]
       throw BlockError("gap after position " + std::to_string(position) + " leads outside the tensor (" +
@@ -577,15 +610,23 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
     position += gap + 1;
     positions[i] = static_cast<int64_t>(position);
     __builtin_prefetch(base + position * W);
-    symbols[i] = value_at(rans.get<ValueLane>(value_table));
+    symbols[i] = value_at.template operator()<Checked>(rans.get<ValueLane, Checked>(value_table));
     if (i >= kLag) finish_change(i - kLag);
   };
+  // Pairs of changes (odd, even: lanes 2/3 then 0/1). Bounds checks are hoisted out of the
+  // symbol reads while both streams hold more than a pair can consume (2 rANS bytes per symbol
+  // plus the 2-byte read-ahead; <= 92 raw bits per change plus the 8-byte read-ahead).
+  constexpr size_t kRansMargin = 16, kRawMargin = 40;
   uint32_t i = 1;
-  for (; i + 1 < count; i += 2) {
-    next_change.template operator()<2, 3>(i);
-    next_change.template operator()<0, 1>(i + 1);
+  for (; i + 1 < count && rans.remaining() >= kRansMargin && raw.remaining() >= kRawMargin; i += 2) {
+    next_change.template operator()<2, 3, false>(i);
+    next_change.template operator()<0, 1, false>(i + 1);
   }
-  if (i < count) next_change.template operator()<2, 3>(i);
+  for (; i + 1 < count; i += 2) {
+    next_change.template operator()<2, 3, true>(i);
+    next_change.template operator()<0, 1, true>(i + 1);
+  }
+  if (i < count) next_change.template operator()<2, 3, true>(i);
   for (uint32_t j = count > kLag ? count - kLag : 0; j < count; ++j) finish_change(j);
   if (!rans.finished_cleanly()) throw BlockError("rANS stream has trailing bytes or a bad final state");
   if (!raw.exhausted_cleanly()) throw BlockError("raw bit stream has trailing bytes");

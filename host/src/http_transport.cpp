@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <random>
+#include <system_error>
 #include <thread>
 
 namespace deltasync::http {
@@ -57,8 +59,11 @@ class HandlePool {
 };
 
 HandlePool& handle_pool() {
-  static HandlePool pool;
-  return pool;
+  // Never destroyed: a transfer may still run on a background thread (a publisher's worker, a
+  // Python interpreter shutting down) after static destructors began; the OS reclaims the
+  // handles at exit.
+  static HandlePool* pool = new HandlePool;
+  return *pool;
 }
 
 // Borrows a handle for one exchange.
@@ -202,6 +207,30 @@ std::string describe_failure(const Response& response) {
   return out;
 }
 
+std::string range_header(uint64_t offset, uint64_t length) {
+  std::string header = "Range: bytes=" + std::to_string(offset) + "-";
+  if (length > 0 && length - 1 <= std::numeric_limits<uint64_t>::max() - offset) header += std::to_string(offset + (length - 1));
+  return header;
+}
+
+std::vector<uint8_t> cut_range(const std::vector<uint8_t>& whole, uint64_t offset, uint64_t length) {
+  if (offset >= whole.size()) return {};
+  const uint64_t n = std::min<uint64_t>(length, whole.size() - offset);
+  return std::vector<uint8_t>(whole.begin() + static_cast<ptrdiff_t>(offset), whole.begin() + static_cast<ptrdiff_t>(offset + n));
+}
+
+std::string redact_url(const std::string& url) {
+  const auto cut = url.find_first_of("?#");
+  std::string out = url.substr(0, cut);
+  const auto scheme_end = out.find("://");
+  const size_t authority = scheme_end == std::string::npos ? 0 : scheme_end + 3;
+  const auto authority_end = out.find('/', authority);
+  const auto at = out.rfind('@', authority_end);  // npos: search the whole string
+  if (at != std::string::npos && at >= authority) out.erase(authority, at + 1 - authority);
+  if (cut != std::string::npos && url[cut] == '?') out += "?...";
+  return out;
+}
+
 Response perform(const Request& request, const StoreOptions& options) {
   PooledHandle handle;
   CURL* curl = handle.get();
@@ -322,7 +351,13 @@ void run_parallel(size_t n, unsigned parallelism, const std::function<void(size_
     }
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  for (unsigned t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: the ones running (and this one) share the jobs
+    }
+  }
   worker();
   for (auto& t : pool) t.join();
   if (first_error) std::rethrow_exception(first_error);
@@ -331,6 +366,7 @@ void run_parallel(size_t n, unsigned parallelism, const std::function<void(size_
 std::vector<uint8_t> fetch_in_parallel(uint64_t total, std::vector<uint8_t> head, const StoreOptions& options,
                                        const std::function<std::vector<uint8_t>(uint64_t, uint64_t)>& fetch_range,
                                        const ProgressFn& progress) {
+  if (head.size() > total) throw Error("the first GET returned " + std::to_string(head.size()) + " bytes of an object of " + std::to_string(total));
   std::vector<uint8_t> out = std::move(head);
   const uint64_t start = out.size();
   out.resize(total);

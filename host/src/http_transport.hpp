@@ -70,6 +70,19 @@ std::string origin_of(const std::string& url);
 // Percent-encodes everything except RFC 3986 unreserved characters (and '/' when keep_slash).
 std::string uri_encode(std::string_view text, bool keep_slash);
 
+// "Range: bytes=FIRST-LAST" for [offset, offset + length), length > 0. When offset + length
+// would pass 2^64 (a caller asking for "everything from offset on") the range is left open,
+// "bytes=FIRST-", instead of wrapping around to a LAST before FIRST.
+std::string range_header(uint64_t offset, uint64_t length);
+
+// The bytes [offset, offset + length) of a whole object (fewer at its end, none past it): for a
+// server that ignored a Range header and answered 200 with everything.
+std::vector<uint8_t> cut_range(const std::vector<uint8_t>& whole, uint64_t offset, uint64_t length);
+
+// A URL fit for an error message: without user:password@ and without its query string (where a
+// presigned URL keeps its signature and a shared-access URL its token).
+std::string redact_url(const std::string& url);
+
 // Completes the download of an object of `total` bytes whose first bytes (`head`, from offset
 // 0) are already here, with ranged GETs of options.part_size bytes, options.parallelism in
 // flight. fetch_range(offset, length) must return exactly those bytes.

@@ -8,6 +8,8 @@
 #include <random>
 #include <set>
 
+#include "deltasync/sha256.hpp"
+
 namespace deltasync::protocol {
 namespace {
 
@@ -93,6 +95,12 @@ uint64_t Manifest::anchor_bytes() const {
   uint64_t total = 0;
   for (const auto& p : anchor_parts) total += p.size;
   return total;
+}
+
+void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const std::string& label) {
+  if (bytes.size() != ref.size)
+    throw Error(label + ": size " + std::to_string(bytes.size()) + " differs from the manifest's " + std::to_string(ref.size));
+  if (sha256_hex(bytes) != ref.sha256) throw Error(label + ": sha256 differs from the manifest's (corrupt object)");
 }
 
 std::string to_json(const Manifest& m) {

@@ -32,6 +32,18 @@ SparseDelta copy_delta(const DeltaView& v) {
   return d;
 }
 
+// True when the store holds exactly this manifest (a create whose answer was lost).
+bool stored_manifest_is(Store& store, const protocol::Manifest& manifest) {
+  const std::string text = protocol::to_json(manifest);
+  try {
+    const std::vector<uint8_t> stored = store.get(protocol::manifest_key(manifest.version));
+    return stored.size() == text.size() && std::equal(stored.begin(), stored.end(), text.begin(),
+                                                      [](uint8_t a, char b) { return a == static_cast<uint8_t>(b); });
+  } catch (const NotFoundError&) {
+    return false;
+  }
+}
+
 protocol::ObjectRef upload_object(Store& store, const std::string& key, std::span<const uint8_t> bytes) {
   store.put(key, bytes);
   return protocol::ObjectRef{key, bytes.size(), sha256_hex(bytes)};
@@ -103,6 +115,13 @@ struct Publisher::Job {
   std::optional<protocol::Manifest> committed;
   std::vector<uint64_t> result_digests;
   VersionStats committed_stats;
+  // The manifest the last try was writing when it failed. Its create may have succeeded with
+  // the answer lost (every retry of the exclusive create failing afterwards): the next try then
+  // finds exactly these bytes in the store and finishes the version instead of refusing it as
+  // "already exists" forever.
+  std::optional<protocol::Manifest> attempted_manifest;
+  std::vector<uint64_t> attempted_digests;
+  VersionStats attempted_stats;
 };
 
 Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, PublisherOptions options)
@@ -227,9 +246,15 @@ void Publisher::publish_staged(uint64_t version, const DeltaView& staged,
 }
 
 void Publisher::enqueue(std::unique_ptr<Job> job) {
+  std::string merged_note;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (queue_.size() >= options_.max_pending && !queue_.back()->committed) {
+    // A pending anchor can only absorb a version that brings its own full weights: otherwise the
+    // merged anchor would carry the older version's weights under the newer number.
+    // publish_staged makes such a version an anchor when it sees the queue full, but the queue
+    // can fill up after that look (a failed upload goes back to its front), so this is checked
+    // again here; the version is then queued on its own, one over max_pending for a while.
+    if (queue_.size() >= options_.max_pending && !queue_.back()->committed && (job->anchor || !queue_.back()->anchor)) {
       // Uploads fell behind: fold this version into the newest pending one.
       Job& back = *queue_.back();
       if (back.has_delta && job->has_delta) back.delta = merge_deltas(back.delta.view(), job->delta.view(), tensors_);
@@ -239,7 +264,8 @@ void Publisher::enqueue(std::unique_ptr<Job> job) {
       back.version = job->version;
       back.merged += job->merged;
       back.stage_seconds += job->stage_seconds;
-      note("merged version " + std::to_string(job->version) + " into a pending upload (" + std::to_string(back.merged) + " versions)");
+      back.attempted_manifest.reset();  // a different version now: an earlier try's manifest is not its own
+      merged_note = "merged version " + std::to_string(job->version) + " into a pending upload (" + std::to_string(back.merged) + " versions)";
     } else {
       queue_.push_back(std::move(job));
     }
@@ -248,6 +274,9 @@ void Publisher::enqueue(std::unique_ptr<Job> job) {
     if (paused_) retry_requested_ = true;
   }
   changed_.notify_all();
+  // The log callback runs without the lock: it may block (a Python logger takes the GIL) while
+  // another thread asks for stats() or state().
+  if (!merged_note.empty()) note(merged_note);
 }
 
 void Publisher::flush() {
@@ -313,6 +342,13 @@ void Publisher::upload(Job& job) {
   auto t0 = Clock::now();
   Store& store = *store_;
   const std::string manifest_key = protocol::manifest_key(job.version);
+  if (!job.committed && job.attempted_manifest && stored_manifest_is(store, *job.attempted_manifest)) {
+    job.committed = std::move(job.attempted_manifest);
+    job.result_digests = std::move(job.attempted_digests);
+    job.committed_stats = job.attempted_stats;
+    job.committed_stats.visible_seconds = seconds_since(job.published_at);
+    job.attempted_manifest.reset();
+  }
   if (job.committed) {  // the manifest is out; only LATEST and the bookkeeping were missing
     protocol::advance_latest(store, job.version);
     finish(job, job.committed_stats, job.result_digests);
@@ -407,6 +443,10 @@ void Publisher::upload(Job& job) {
   m.digest_algorithm = std::string(integrity::kDigestAlgorithm);
   for (size_t t = 0; t < tensors_.size(); ++t) m.digests[tensors_[t].name] = digest_to_hex(result_digests[t]);
   m.created_unix_ms = unix_ms();
+  job.attempted_manifest = m;
+  job.attempted_digests = result_digests;
+  job.attempted_stats = st;
+  job.attempted_stats.upload_seconds = seconds_since(t1);
   if (!protocol::write_manifest(store, m))
     throw Error(store.describe(manifest_key) + ": version " + std::to_string(job.version) + " was published by someone else meanwhile");
   st.upload_seconds = seconds_since(t1);

@@ -134,6 +134,7 @@ void Sha256::update(std::span<const uint8_t> bytes) {
   const uint8_t* p = bytes.data();
   size_t n = bytes.size();
   total_ += n;
+  if (n == 0) return;  // p may be null for an empty span, which memcpy may not be given even for 0 bytes
   if (used_ > 0) {
     size_t take = std::min(n, sizeof buf_ - used_);
     std::memcpy(buf_ + used_, p, take);
@@ -148,7 +149,7 @@ void Sha256::update(std::span<const uint8_t> bytes) {
   compress(p, whole);
   p += whole * 64;
   n -= whole * 64;
-  std::memcpy(buf_, p, n);
+  if (n) std::memcpy(buf_, p, n);
   used_ = n;
 }
 

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cstdlib>
 
+#include "http_transport.hpp"
+
 namespace deltasync {
 
 std::string Store::describe(const std::string& key) const {
@@ -39,6 +41,7 @@ StoreOptions options_from_env() {
   o.parallelism = static_cast<unsigned>(env_u64("DELTASYNC_STORE_PARALLELISM", o.parallelism));
   if (o.parallelism < 1) o.parallelism = 1;
   o.part_size = env_u64("DELTASYNC_STORE_PART_SIZE", o.part_size);
+  if (o.part_size == 0) throw Error("DELTASYNC_STORE_PART_SIZE: expected a positive number of bytes, got 0");
   o.multipart_threshold = env_u64("DELTASYNC_STORE_MULTIPART_THRESHOLD", o.multipart_threshold);
   // Test hook and slow-link knob: the delay unit of the backoff, in milliseconds.
   o.retry.base_delay_s = static_cast<double>(env_u64("DELTASYNC_STORE_RETRY_BASE_MS", 100)) / 1000.0;
@@ -56,7 +59,7 @@ std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& op
   if (url.rfind("s3://", 0) == 0) return open_s3_store(url, options);
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) return open_http_store(url, options);
   if (!url.empty() && url.find("://") == std::string::npos) return open_folder_store(url);  // a plain path
-  throw Error(url + ": unknown store URL (expected file:///path, s3://bucket/prefix or http(s)://...)");
+  throw Error(http::redact_url(url) + ": unknown store URL (expected file:///path, s3://bucket/prefix or http(s)://...)");
 }
 
 }  // namespace deltasync

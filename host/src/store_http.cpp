@@ -15,8 +15,18 @@ class HttpStore final : public Store {
   HttpStore(std::string base, std::string query, const StoreOptions& options)
       : base_(std::move(base)), query_(std::move(query)), options_(options) {
     // An optional bearer token for servers behind simple auth; never printed.
-    if (const char* token = std::getenv("DELTASYNC_HTTP_BEARER_TOKEN"); token && *token)
+    if (const char* token = std::getenv("DELTASYNC_HTTP_BEARER_TOKEN"); token && *token) {
       auth_header_ = std::string("Authorization: Bearer ") + token;
+      secrets_.emplace_back(token);
+    }
+    // Every value of the query string (a presigned URL's signature, a SAS token) counts as secret.
+    for (size_t start = query_.empty() ? std::string::npos : 1; start < query_.size();) {
+      size_t end = query_.find('&', start);
+      if (end == std::string::npos) end = query_.size();
+      const size_t eq = query_.find('=', start);
+      if (eq != std::string::npos && eq < end && end - eq - 1 >= 4) secrets_.push_back(query_.substr(eq + 1, end - eq - 1));
+      start = end + 1;
+    }
   }
 
   std::string url() const override { return base_; }
@@ -44,14 +54,12 @@ class HttpStore final : public Store {
 
   std::vector<uint8_t> get_range(const std::string& key, uint64_t offset, uint64_t length) override {
     if (length == 0) return {};
-    auto r = send("GET", key, {}, {"Range: bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1)});
+    auto r = send("GET", key, {}, {http::range_header(offset, length)});
     if (r.status == 404) throw NotFoundError(describe(key) + ": no such object");
     if (r.status == 416) return {};
     if (r.status == 206) return std::move(r.body);
     if (r.status != 200) fail("GET", key, r);
-    if (offset >= r.body.size()) return {};
-    uint64_t end = std::min<uint64_t>(r.body.size(), offset + length);
-    return std::vector<uint8_t>(r.body.begin() + offset, r.body.begin() + end);
+    return http::cut_range(r.body, offset, length);  // the server ignored the range
   }
 
   ConditionalGet get_if_changed(const std::string& key, const std::string& etag) override {
@@ -97,17 +105,30 @@ class HttpStore final : public Store {
     req.body = body;
     req.headers = std::move(headers);
     if (!auth_header_.empty()) req.headers.push_back(auth_header_);
-    return http::perform_with_retries(std::move(req), options_, describe(key));
+    try {
+      return http::perform_with_retries(std::move(req), options_, describe(key));
+    } catch (const Error& e) {  // the last transient answer's body is part of the message
+      throw Error(scrub(e.what()));
+    }
   }
 
   [[noreturn]] void fail(const std::string& verb, const std::string& key, const http::Response& r) const {
-    throw Error(describe(key) + ": " + verb + " failed: " + http::describe_failure(r));
+    throw Error(describe(key) + ": " + verb + " failed: " + scrub(http::describe_failure(r)));
+  }
+
+  // Error pages may echo the request ("Cannot PUT /obj?sig=..."): the secrets are cut out of
+  // any text built from a response.
+  std::string scrub(std::string text) const {
+    for (const std::string& secret : secrets_)
+      for (size_t at = text.find(secret); at != std::string::npos; at = text.find(secret, at + 3)) text.replace(at, secret.size(), "...");
+    return text;
   }
 
   std::string base_;   // without trailing slash and without query
   std::string query_;  // "?..." appended to every object URL (e.g. a shared access signature), or ""
   StoreOptions options_;
   std::string auth_header_;
+  std::vector<std::string> secrets_;  // never to appear in an error message
 };
 
 }  // namespace
@@ -121,7 +142,7 @@ std::unique_ptr<Store> open_http_store(const std::string& url, const StoreOption
   if (base.find('@') != std::string::npos && base.find('@') < base.find('/', base.find("://") + 3))
     throw Error("http store: credentials in the URL are not accepted (use DELTASYNC_HTTP_BEARER_TOKEN)");
   while (!base.empty() && base.back() == '/') base.pop_back();
-  if (http::origin_of(base).empty()) throw Error(url + ": malformed URL");
+  if (http::origin_of(base).empty()) throw Error(http::redact_url(url) + ": malformed URL");  // the query may hold a signature
   return std::make_unique<HttpStore>(base, query, options);
 }
 

@@ -131,7 +131,7 @@ class S3Store final : public Store {
   std::string url() const override { return url_; }
 
   void put(const std::string& key, std::span<const uint8_t> bytes) override {
-    if (bytes.size() >= options_.multipart_threshold && bytes.size() > options_.part_size) {
+    if (options_.part_size > 0 && bytes.size() >= options_.multipart_threshold && bytes.size() > options_.part_size) {
       put_multipart(key, bytes);
       return;
     }
@@ -261,17 +261,13 @@ class S3Store final : public Store {
   }
 
   std::vector<uint8_t> range_get(const std::string& key, uint64_t offset, uint64_t length, const std::string& etag) {
-    std::vector<std::string> headers{"Range: bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1)};
+    std::vector<std::string> headers{http::range_header(offset, length)};
     if (!etag.empty()) headers.push_back("If-Match: " + etag);
     auto r = send("GET", object_url(key), key, {}, headers);
     if (r.status == 404) throw NotFoundError(describe(key) + ": no such object");
     if (r.status == 412) throw Error(describe(key) + ": object changed while it was being downloaded");
     if (r.status == 206) return std::move(r.body);
-    if (r.status == 200) {  // server ignored the range: cut it out ourselves
-      if (offset >= r.body.size()) return {};
-      uint64_t end = std::min<uint64_t>(r.body.size(), offset + length);
-      return std::vector<uint8_t>(r.body.begin() + offset, r.body.begin() + end);
-    }
+    if (r.status == 200) return http::cut_range(r.body, offset, length);  // the server ignored the range
     if (r.status == 416) return {};
     fail("GET", key, r);
   }
@@ -328,13 +324,15 @@ class S3Store final : public Store {
 }  // namespace
 
 std::unique_ptr<Store> open_s3_store(const std::string& url, const StoreOptions& options) {
-  if (url.rfind("s3://", 0) != 0) throw Error(url + ": not an s3:// URL");
+  // Errors name the URL without anything before an '@' (someone may have put a key pair there).
+  if (url.rfind("s3://", 0) != 0) throw Error(http::redact_url(url) + ": not an s3:// URL");
   std::string rest = url.substr(5);
   auto slash = rest.find('/');
   std::string bucket = rest.substr(0, slash);
   std::string prefix = slash == std::string::npos ? std::string() : rest.substr(slash + 1);
-  if (bucket.empty()) throw Error(url + ": missing bucket name");
-  if (bucket.find_first_of("@:?#") != std::string::npos) throw Error(url + ": invalid bucket name");
+  if (bucket.empty()) throw Error(http::redact_url(url) + ": missing bucket name");
+  if (bucket.find_first_of("@:?#") != std::string::npos)
+    throw Error(http::redact_url(url) + ": invalid bucket name (credentials go in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, never in the URL)");
   while (!prefix.empty() && prefix.front() == '/') prefix.erase(0, 1);
   if (!prefix.empty() && prefix.back() != '/') prefix += '/';
   std::string clean = "s3://" + bucket + (prefix.empty() ? "" : "/" + prefix.substr(0, prefix.size() - 1));

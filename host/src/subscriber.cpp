@@ -168,9 +168,12 @@ SyncReport Subscriber::sync(HostModel& model, std::optional<uint64_t> target) {
   SyncReport report;
   if (!target) target = poll();
   if (!target) throw Error(store_.url() + ": the store has no published versions");
-  const protocol::Manifest* goal = catalog_.find(*target);
-  if (!goal) throw Error(store_.describe(protocol::manifest_key(*target)) + ": version " + std::to_string(*target) + " does not exist");
+  const protocol::Manifest* found = catalog_.find(*target);
+  if (!found) throw Error(store_.describe(protocol::manifest_key(*target)) + ": version " + std::to_string(*target) + " does not exist");
   report.to = *target;
+  // A copy, not a pointer into the catalog: the recovery below refreshes the catalog, which
+  // drops entries whose manifests vanished meanwhile.
+  const protocol::Manifest goal = *found;
 
   // Audit the weights we start from: a delta is only as good as its base.
   std::optional<uint64_t> usable = model.empty() ? std::nullopt : model.version;
@@ -220,7 +223,7 @@ SyncReport Subscriber::sync(HostModel& model, std::optional<uint64_t> target) {
     report.plan = *again;
   }
   if (model.version != *target) throw Error(store_.url() + ": sync ended at the wrong version");
-  if (auto bad = digest_mismatch(model, *goal)) throw Error(store_.url() + ": weights after sync do not match version " + std::to_string(*target) + ": " + *bad);
+  if (auto bad = digest_mismatch(model, goal)) throw Error(store_.url() + ": weights after sync do not match version " + std::to_string(*target) + ": " + *bad);
   report.total_seconds = seconds_since(start);
   return report;
 }

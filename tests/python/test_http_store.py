@@ -19,6 +19,8 @@ class DavServer:
     def __init__(self):
         self.objects = {}
         self.lock = threading.Lock()
+        # When set, every request is refused with a body that echoes it, as many error pages do.
+        self.deny_with_echo = False
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -36,8 +38,17 @@ class DavServer:
                 if self.command != "HEAD":
                     self.wfile.write(body)
 
+            def _denied(self):
+                if not server.deny_with_echo:
+                    return False
+                echo = f"Cannot {self.command} {self.path} ({self.headers.get('Authorization')})".encode()
+                self._reply(403, echo, [("Content-Type", "text/plain")])
+                return True
+
             def do_PUT(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self._denied():
+                    return
                 with server.lock:
                     if self.headers.get("If-None-Match") == "*" and self.path in server.objects:
                         return self._reply(412)
@@ -45,6 +56,8 @@ class DavServer:
                 self._reply(201)
 
             def do_GET(self):
+                if self._denied():
+                    return
                 with server.lock:
                     body = server.objects.get(self.path)
                 if body is None:
@@ -166,6 +179,23 @@ def test_folder_store_trl_layout_is_readable_by_safetensors(run_cli, tmp_path):
     out = tmp_path / "out.safetensors"
     run_cli("pull", "--store", store_dir, "-o", out)
     assert_identical(out, model.snapshot(), 2)
+
+
+def test_errors_never_echo_the_query_signature_or_the_bearer_token(run_cli, dav, tmp_path):
+    # A presigned-style URL and a bearer token, against a server whose error pages echo the
+    # request: the error names the object and the status, never the signature or the token.
+    dav.deny_with_echo = True
+    signature, token = "sig-0123456789abcdef", "tok-fedcba9876543210"
+    store = f"{dav.url}?X-Amz-Expires=3600&X-Amz-Signature={signature}"
+    model, ckpt = SyntheticModel(5), tmp_path / "ckpt.safetensors"
+    model.save(ckpt)
+    env = {"DELTASYNC_HTTP_BEARER_TOKEN": token, "DELTASYNC_STORE_RETRY_BASE_MS": "1"}
+    for args in (("publish", ckpt, "--store", store, "--version", 1, "--quiet"),
+                 ("pull", "--store", store, "-o", tmp_path / "out.safetensors", "--version", 1, "--quiet")):
+        result = run_cli(*args, check=False, env=env)
+        assert result.returncode != 0
+        assert "HTTP 403" in result.stderr and dav.url in result.stderr, result.stderr
+        assert signature not in result.stderr and token not in result.stderr, result.stderr
 
 
 def test_pull_follow_keeps_out_at_the_newest_version(run_cli, deltasync_bin, tmp_path):

@@ -1,5 +1,6 @@
 // deltasync's object stores (folder, S3-compatible, HTTP; host/include/deltasync/store.hpp) as
-// torch.ops, so the Python package reaches every store the C++ library supports. Stores are
+// torch.ops, so the Python package reaches every store the C++ library supports (file://
+// included: the package has no store of its own). Stores are
 // opened once per URL (options from the environment, as the CLI does) and reused.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -12,10 +13,10 @@
 #include <vector>
 
 #include "deltasync/store.hpp"
+#include "store_registry.hpp"
 #include "tensor_lists.hpp"
 
 namespace deltasync::torch_ext {
-namespace {
 
 std::shared_ptr<Store> store_for(const std::string& url) {
   static std::mutex mutex;
@@ -25,6 +26,8 @@ std::shared_ptr<Store> store_for(const std::string& url) {
   if (!slot) slot = translate_errors("deltasync.store", [&] { return std::shared_ptr<Store>(open_store(url)); });
   return slot;
 }
+
+namespace {
 
 std::span<const uint8_t> bytes_of(const at::Tensor& data) {
   TORCH_CHECK(data.device().is_cpu() && data.is_contiguous(), "deltasync.store: object bytes must be a contiguous CPU tensor");

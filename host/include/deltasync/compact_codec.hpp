@@ -42,19 +42,23 @@ inline constexpr std::string_view kDataSuffix = ".cdata";
 // bits | sign), modulo 2^(8*width), zigzagged so that +1 -> 2, -1 -> 1. A ±1-ulp step is
 // therefore 1 or 2 whatever the sign or exponent. Exposed for tests and entropy measurements.
 inline uint32_t width_mask(uint32_t width) { return width >= 4 ? 0xFFFFFFFFu : (1u << (8 * width)) - 1u; }
+// Written without conditionals: the sign of a changed weight is a coin flip, and compilers turn
+// `sign ? a : b` into a branch that mispredicts on half of all changes.
 inline uint32_t to_ordered(uint32_t bits, uint32_t width) {
   const uint32_t sign = 1u << (8 * width - 1);
-  return (bits & sign) ? (~bits & width_mask(width)) : (bits | sign);
+  const uint32_t negative = 0u - ((bits >> (8 * width - 1)) & 1u);  // all ones iff the sign bit is set
+  return bits ^ ((negative & width_mask(width)) | sign);  // negative: ~bits & mask; else bits | sign
 }
 inline uint32_t from_ordered(uint32_t ordered, uint32_t width) {
   const uint32_t sign = 1u << (8 * width - 1);
-  return (ordered & sign) ? (ordered & ~sign) : (~ordered & width_mask(width));
+  const uint32_t was_negative = ((ordered >> (8 * width - 1)) & 1u) - 1u;  // all ones iff the top bit is clear
+  return ordered ^ ((was_negative & width_mask(width)) | sign);
 }
 inline uint32_t value_symbol(uint32_t new_bits, uint32_t base_bits, uint32_t width) {
   const uint32_t mask = width_mask(width);
   const uint32_t diff = (to_ordered(new_bits, width) - to_ordered(base_bits, width)) & mask;
-  const bool negative = (diff >> (8 * width - 1)) & 1u;
-  return ((diff << 1) ^ (negative ? mask : 0u)) & mask;
+  const uint32_t negative = 0u - ((diff >> (8 * width - 1)) & 1u);
+  return ((diff << 1) ^ negative) & mask;
 }
 inline uint32_t apply_value_symbol(uint32_t symbol, uint32_t base_bits, uint32_t width) {
   const uint32_t mask = width_mask(width);

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,10 @@ struct Manifest {
   uint64_t anchor_bytes() const;
   std::string kind() const { return has_anchor() ? (delta ? "anchor+delta" : "anchor") : "delta"; }
 };
+
+// Checks an object's bytes against the size and SHA-256 its manifest records; throws
+// Error("LABEL: ...") naming what differs (a corrupt or replaced object).
+void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const std::string& label);
 
 std::string to_json(const Manifest& manifest);
 // Strict: every required field present with the right type. Throws Error("LABEL: reason").

@@ -1,47 +1,36 @@
-"""The store protocol of deltasync (host/include/deltasync/protocol.hpp) in Python: the same
-object keys, manifest JSON and LATEST pointer, so versions written here are read by the C++
-subscriber / CLI and the other way round (TRL-layout deltas; see docs/torch.md).
+"""deltasync's store protocol for the Python package, from the C++ library
+(host/include/deltasync/protocol.hpp) through torch.ops.deltasync.protocol_* and the
+torch.classes.deltasync.Catalog class: object keys and nonces, manifest JSON (built, validated
+and parsed in C++), the commit (manifest by exclusive create, then LATEST), verified fetches,
+catch-up planning and retention. Versions written here are therefore the C++ publisher's
+format byte for byte, and the C++ subscriber / CLI reads them (TRL-layout deltas; see
+docs/torch.md).
 
-Layout: deltas/V-NONCE.safetensors, anchors/V-NONCE/part-00000.safetensors, manifests/V.json
-(exclusive create, written after its objects), LATEST ("V\\n", only moves forward).
+What stays in Python: the Manifest dataclass (fields named as in protocol.hpp) that the publisher
+fills and the subscriber reads, and SHA-256 of the objects the publisher writes (hashlib).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import time
 from dataclasses import dataclass, field
 
-from ._store import FolderStore, NotFound
+from ._store import NativeStore, NotFound, _ops
 
-LATEST_KEY = "LATEST"
-MANIFEST_PREFIX = "manifests/"
-MANIFEST_FORMAT = 1
-DIGEST_ALGORITHM = "sum-mix64-v1"
-
-
-def manifest_key(version: int) -> str:
-    return f"{MANIFEST_PREFIX}{version:020d}.json"
-
-
-def version_of_manifest_key(key: str) -> int | None:
-    digits = key[len(MANIFEST_PREFIX):-5]
-    if key.startswith(MANIFEST_PREFIX) and key.endswith(".json") and len(digits) == 20 and digits.isdigit():
-        return int(digits)
-    return None
+DIGEST_ALGORITHM = "sum-mix64-v1"  # integrity.hpp kDigestAlgorithm (the name written into files)
 
 
 def new_nonce() -> str:
-    return secrets.token_hex(6)
+    return _ops().protocol_new_nonce()
 
 
 def delta_key(version: int, nonce: str) -> str:
-    return f"deltas/{version:020d}-{nonce}.safetensors"
+    return _ops().protocol_delta_key(version, nonce)
 
 
 def anchor_part_key(version: int, nonce: str, part: int) -> str:
-    return f"anchors/{version:020d}-{nonce}/part-{part:05d}.safetensors"
+    return _ops().protocol_anchor_part_key(version, nonce, part)
 
 
 @dataclass
@@ -70,155 +59,88 @@ class Manifest:
     digests: dict[str, str] = field(default_factory=dict)
     created_unix_ms: int = 0
 
-    @property
-    def has_anchor(self) -> bool:
-        return bool(self.anchor_parts)
-
-    @property
-    def kind(self) -> str:
-        return ("anchor+delta" if self.delta else "anchor") if self.has_anchor else "delta"
-
-    @property
-    def anchor_bytes(self) -> int:
-        return sum(p.size for p in self.anchor_parts)
-
     def to_json(self) -> str:
-        obj = lambda o: None if o is None else {"key": o.key, "size": o.size, "sha256": o.sha256}  # noqa: E731
-        return json.dumps(
-            {
-                "format": "deltasync-manifest",
-                "format_version": MANIFEST_FORMAT,
-                "version": self.version,
-                "kind": self.kind,
-                "base_version": self.base_version,
-                "delta": obj(self.delta),
-                "delta_format": self.delta_format,
-                "changed_elements": self.changed_elements,
-                "anchor_parts": [obj(p) for p in self.anchor_parts],
-                "latest_anchor": self.latest_anchor,
-                "total_elements": self.total_elements,
-                "model_bytes": self.model_bytes,
-                "digest_algorithm": self.digest_algorithm,
-                "digests": self.digests,
-                "created_unix_ms": self.created_unix_ms or int(time.time() * 1000),
-            },
-            indent=1,
-        )
+        """The manifest's text as the C++ library writes it (and validates it: a manifest the
+        C++ reader would refuse raises RuntimeError here)."""
+        d = self.delta
+        return _ops().protocol_manifest_json(
+            self.version, self.base_version, d.key if d else None, d.size if d else 0, d.sha256 if d else "",
+            self.delta_format, self.changed_elements,
+            [p.key for p in self.anchor_parts], [p.size for p in self.anchor_parts],
+            [p.sha256 for p in self.anchor_parts], self.latest_anchor, self.total_elements, self.model_bytes,
+            self.digest_algorithm, list(self.digests), list(self.digests.values()),
+            self.created_unix_ms or int(time.time() * 1000))
 
     @staticmethod
-    def from_json(text: bytes | str, label: str) -> "Manifest":
-        try:
-            j = json.loads(text)
-        except ValueError as e:
-            raise ValueError(f"{label}: manifest is not valid JSON ({e})") from None
-        if not isinstance(j, dict) or j.get("format") != "deltasync-manifest":
-            raise ValueError(f"{label}: not a deltasync manifest")
-        if j.get("format_version") != MANIFEST_FORMAT:
-            raise ValueError(f"{label}: manifest format_version {j.get('format_version')!r} is not supported")
-        try:
-            ref = lambda o: None if o is None else ObjectRef(str(o["key"]), int(o["size"]), str(o["sha256"]))  # noqa: E731
-            m = Manifest(
-                version=int(j["version"]),
-                delta=ref(j["delta"]),
-                base_version=j["base_version"],
-                delta_format=j["delta_format"],
-                changed_elements=int(j["changed_elements"]),
-                anchor_parts=[ref(p) for p in j["anchor_parts"]],
-                latest_anchor=j["latest_anchor"],
-                total_elements=int(j["total_elements"]),
-                model_bytes=int(j["model_bytes"]),
-                digest_algorithm=j["digest_algorithm"],
-                digests=dict(j["digests"]),
-                created_unix_ms=int(j["created_unix_ms"]),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{label}: malformed manifest ({e!r})") from None
-        if (m.delta is None) != (m.base_version is None):
-            raise ValueError(f"{label}: manifest has a delta without base_version or the reverse")
-        if m.delta is None and not m.anchor_parts:
-            raise ValueError(f"{label}: manifest names neither a delta nor an anchor")
-        return m
+    def _from_native(text: str) -> "Manifest":
+        """Reads the fields of a manifest the C++ parser has already accepted (Catalog.find)."""
+        j = json.loads(text)
+        ref = lambda o: None if o is None else ObjectRef(o["key"], o["size"], o["sha256"])  # noqa: E731
+        return Manifest(
+            version=j["version"], delta=ref(j["delta"]), base_version=j["base_version"],
+            delta_format=j["delta_format"], changed_elements=j["changed_elements"],
+            anchor_parts=[ref(p) for p in j["anchor_parts"]], latest_anchor=j["latest_anchor"],
+            total_elements=j["total_elements"], model_bytes=j["model_bytes"],
+            digest_algorithm=j["digest_algorithm"], digests=j["digests"], created_unix_ms=j["created_unix_ms"])
 
 
-def commit_version(store: FolderStore, manifest: Manifest) -> bool:
-    """Makes a version visible: manifest by exclusive create, then LATEST if it moves forward."""
-    if not store.put_if_absent(manifest_key(manifest.version), manifest.to_json().encode()):
-        return False
-    latest = read_latest(store)
-    if latest is None or latest < manifest.version:
-        store.put(LATEST_KEY, f"{manifest.version}\n".encode())
-    return True
+def commit_version(store: NativeStore, manifest: Manifest) -> bool:
+    """Makes a version visible: manifest by exclusive create, then LATEST if it moves forward.
+    False when the version already exists."""
+    return bool(_ops().protocol_commit_version(store.url, manifest.to_json()))
 
 
-def read_latest(store: FolderStore) -> int | None:
+def fetch_verified(store: NativeStore, ref: ObjectRef) -> bytes:
+    """An object's bytes, checked (in C++) against the size and SHA-256 its manifest records.
+    A mismatch (corrupt or replaced object) raises ValueError; a missing object NotFound."""
     try:
-        text = store.get(LATEST_KEY).decode().strip()
-    except NotFound:
-        return None
-    if not text.isdigit() or len(text) > 20:
-        raise ValueError(f"{store.describe(LATEST_KEY)}: malformed LATEST pointer")
-    return int(text)
+        return _ops().protocol_fetch_verified(store.url, ref.key, ref.size, ref.sha256).numpy().tobytes()
+    except RuntimeError as e:
+        if "differs from the manifest" in str(e):
+            raise ValueError(str(e)) from None
+        if "no such object" in str(e):
+            raise NotFound(f"{store.describe(ref.key)}: no such object") from None
+        raise
 
 
-def fetch_verified(store: FolderStore, ref: ObjectRef) -> bytes:
-    """An object's bytes, checked against the size and SHA-256 its manifest records."""
-    data = store.get(ref.key)
-    if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
-        raise ValueError(f"{store.describe(ref.key)}: size or sha256 differs from the manifest")
-    return data
+def apply_retention(store: NativeStore, keep_anchors: int) -> list[int]:
+    """Keeps the newest `keep_anchors` anchors and the versions after the oldest of them;
+    deletes the rest (stores that can list). Returns the deleted versions."""
+    return list(_ops().protocol_apply_retention(store.url, keep_anchors))
 
 
 class Catalog:
-    """Manifests are immutable: each is fetched at most once."""
+    """protocol::Catalog: manifests are immutable, so each is fetched (and parsed) once."""
 
-    def __init__(self, store: FolderStore):
+    def __init__(self, store: NativeStore):
+        import torch
+
+        _ops()
         self.store = store
+        self._native = torch.classes.deltasync.Catalog(store.url)
         self._cache: dict[int, Manifest] = {}
 
     def find(self, version: int) -> Manifest | None:
         if version not in self._cache:
-            key = manifest_key(version)
-            try:
-                data = self.store.get(key)
-            except NotFound:
+            text = self._native.find(version)
+            if not text:
                 return None
-            self._cache[version] = Manifest.from_json(data, self.store.describe(key))
+            self._cache[version] = Manifest._from_native(text)
         return self._cache[version]
 
     def newest(self) -> int | None:
-        latest = read_latest(self.store)
-        if latest is not None and self.find(latest) is not None:
-            listed = [v for v in map(version_of_manifest_key, self.store.list(MANIFEST_PREFIX)) if v is not None]
-            return max([latest, *listed])
-        listed = [v for v in map(version_of_manifest_key, self.store.list(MANIFEST_PREFIX)) if v is not None]
-        return max(listed) if listed else None
+        v = self._native.newest()
+        return None if v < 0 else v
 
-    def plan(self, current: int | None, target: int) -> tuple[int | None, list[int]]:
+    def plan(self, current: int | None, target: int, allow_current: bool = True) -> tuple[int | None, list[int]]:
         """The cheapest way (by bytes) to reach `target`: (anchor version or None, delta versions
-        to apply in order). Follows base_version links back from the target until it meets the
-        current version or an anchor."""
-        chain: list[int] = []  # versions whose deltas are applied, newest first
-        best: tuple[int, int | None, list[int]] | None = None  # (bytes, anchor, deltas)
-        version, delta_bytes = target, 0
-        while True:
-            m = self.find(version)
-            if m is None:
-                break
-            if current is not None and version == current:
-                cost = delta_bytes
-                if best is None or cost <= best[0]:
-                    best = (cost, None, list(reversed(chain)))
-                break
-            if m.has_anchor:
-                cost = m.anchor_bytes + delta_bytes
-                if best is None or cost < best[0]:
-                    best = (cost, version, list(reversed(chain)))
-            if m.delta is None or m.base_version is None:
-                break
-            chain.append(version)
-            delta_bytes += m.delta.size
-            version = m.base_version
-        if best is None:
+        to apply in order)."""
+        found, anchor, deltas, _ = self._native.plan(current, target, allow_current)
+        if not found:
             raise ValueError(f"{self.store.url}: no way to reach version {target} from "
                              f"{'nothing' if current is None else f'version {current}'} (no anchor on its chain)")
-        return best[1], best[2]
+        return (None if anchor < 0 else anchor), list(deltas)
+
+    def forget(self, version: int) -> None:
+        self._cache.pop(version, None)
+        self._native.forget(version)

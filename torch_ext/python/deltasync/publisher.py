@@ -1,7 +1,8 @@
 """Trainer side: DeltaPublisher diffs the model against a shadow of the last published bits
 (kept on the parameters' device), stages the changes in host memory and returns; a background
 thread computes digests, writes the delta (and every `anchor_every` versions an anchor) and
-commits the version to the store (deltasync's store protocol; see _protocol.py).
+commits the version to the store (deltasync's store protocol, from the C++ library; see
+_protocol.py). With keep_anchors=K, retention then deletes what the newest K anchors no longer need.
 
     with deltasync.DeltaPublisher(model, store="file:///bucket", anchor_every=20) as pub:
         for step in ...:
@@ -28,7 +29,8 @@ import torch
 from . import ops
 from ._files import serialize_anchor_part, serialize_delta
 from ._params import flat_bytes, int_view, named_tensors, to_host
-from ._protocol import DIGEST_ALGORITHM, Manifest, ObjectRef, anchor_part_key, commit_version, delta_key, new_nonce
+from ._protocol import (DIGEST_ALGORITHM, Manifest, ObjectRef, anchor_part_key, apply_retention, commit_version,
+                        delta_key, new_nonce)
 from ._store import open_store
 
 MASK = (1 << 64) - 1
@@ -70,7 +72,7 @@ class _Job:
 
 class DeltaPublisher:
     def __init__(self, model, store, anchor_every: int = 20, format: str = "trl", low_memory: bool = False,
-                 anchor_part_bytes: int = 2 << 30, max_pending: int = 4, log=None):
+                 anchor_part_bytes: int = 2 << 30, max_pending: int = 4, log=None, keep_anchors: int = 0):
         if format != "trl":
             raise ValueError(f"deltasync.DeltaPublisher: format {format!r}: the Python publisher writes the "
                              "interoperable 'trl' layout (the compact layout is written by the C++ publisher / CLI)")
@@ -84,6 +86,9 @@ class DeltaPublisher:
         if low_memory and any(t.element_size() != 2 for t in self.params):
             raise ValueError("deltasync.DeltaPublisher: low_memory needs 2-byte dtypes (bfloat16/float16)")
         self.anchor_part_bytes = anchor_part_bytes
+        # Retention after each anchor: keep the newest `keep_anchors` anchors and what follows
+        # them (0: keep everything). Stores that cannot list (http) skip it.
+        self.keep_anchors = keep_anchors
         self._meta = [(n, t.dtype, tuple(t.shape)) for n, t in self._named]
         self._widths = [t.element_size() for t in self.params]
         self._total = sum(t.numel() for t in self.params)
@@ -309,11 +314,27 @@ class DeltaPublisher:
         if not commit_version(self.store, m):
             raise RuntimeError(f"{self.store.describe('manifests')}: version {stats.version} already exists")
         self._digests = [d & MASK for d in result]
+        if parts and self.keep_anchors:
+            self._apply_retention()
         stats.upload_seconds = time.perf_counter() - t0
         stats.visible_seconds = time.perf_counter() - job.started
         if self._log:
             self._log(f"published v{stats.version}: {'anchor ' if parts else ''}{stats.changed_elements} changed, "
                       f"{stats.delta_bytes + stats.anchor_bytes} bytes")
+
+    def _apply_retention(self) -> None:
+        try:
+            deleted = apply_retention(self.store, self.keep_anchors)
+        except RuntimeError as e:
+            if "listing is not supported" in str(e):
+                self.keep_anchors = 0  # this store cannot list: retention is skipped from now on
+            elif self._failure is None:
+                # Reported by the next publish / flush, but the version is already visible, so
+                # the chain is intact (raising here would make the next version an anchor).
+                self._failure = e
+            return
+        if deleted and self._log:
+            self._log(f"retention: deleted versions {deleted[0]}..{deleted[-1]} ({len(deleted)})")
 
     def _anchor_parts(self, weights: list[torch.Tensor], version: int, digests: list[int]) -> list[bytes]:
         groups, size = [[]], 0
