@@ -1,6 +1,8 @@
 // Manifests, visibility, catch-up planning and retention (see protocol.hpp for the layout).
 #include "deltasync/protocol.hpp"
 
+#include <charconv>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,14 +23,23 @@ std::string padded(uint64_t v) {
   return buf;
 }
 
+// A decimal version number (at most 20 digits); nullopt when not all digits or above 2^64-1.
+std::optional<uint64_t> parse_version_digits(std::string_view digits) {
+  uint64_t v = 0;
+  if (digits.empty() || digits.size() > 20) return std::nullopt;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (ec != std::errc{} || end != digits.data() + digits.size()) return std::nullopt;
+  return v;
+}
+
 // The version an object key belongs to: deltas/V-..., anchors/V-.../..., manifests/V.json.
 std::optional<uint64_t> version_of_object_key(const std::string& key) {
   for (const char* prefix : {"deltas/", "anchors/", "manifests/"}) {
     std::string p(prefix);
     if (key.rfind(p, 0) != 0) continue;
     std::string digits = key.substr(p.size(), 20);
-    if (digits.size() != 20 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
-    return std::stoull(digits);
+    if (digits.size() != 20) return std::nullopt;
+    return parse_version_digits(digits);
   }
   return std::nullopt;
 }
@@ -71,9 +82,7 @@ std::string manifest_key(uint64_t version) { return std::string(kManifestPrefix)
 std::optional<uint64_t> version_of_manifest_key(const std::string& key) {
   const std::string prefix(kManifestPrefix);
   if (key.size() != prefix.size() + 20 + 5 || key.rfind(prefix, 0) != 0 || key.substr(key.size() - 5) != ".json") return std::nullopt;
-  std::string digits = key.substr(prefix.size(), 20);
-  if (!std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
-  return std::stoull(digits);
+  return parse_version_digits(std::string_view(key).substr(prefix.size(), 20));
 }
 
 std::string delta_key(uint64_t version, const std::string& nonce) { return "deltas/" + padded(version) + "-" + nonce + ".safetensors"; }
@@ -174,9 +183,9 @@ Manifest manifest_from_json(std::string_view text, const std::string& label) {
 
 std::optional<uint64_t> parse_latest(std::string_view text, const std::string& label) {
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.remove_suffix(1);
-  if (text.empty() || text.size() > 20 || text.find_first_not_of("0123456789") != std::string_view::npos)
-    throw Error(label + ": malformed LATEST pointer");
-  return std::stoull(std::string(text));
+  const auto version = parse_version_digits(text);
+  if (!version) throw Error(label + ": malformed LATEST pointer");
+  return version;
 }
 
 std::optional<uint64_t> read_latest(Store& store) {
@@ -305,7 +314,7 @@ RetentionReport apply_retention(Store& store, size_t keep_anchors) {
   std::vector<uint64_t> versions = catalog.refresh();
   std::vector<uint64_t> anchors;
   for (uint64_t v : versions)
-    if (catalog.find(v)->has_anchor()) anchors.push_back(v);
+    if (const auto* m = catalog.find(v); m && m->has_anchor()) anchors.push_back(v);  // a manifest may vanish meanwhile
   if (anchors.size() <= keep_anchors) return report;
   const uint64_t oldest_kept = anchors[anchors.size() - keep_anchors];
   for (uint64_t v : versions) {

@@ -1,24 +1,20 @@
-"""Delta and anchor files: safetensors in the interoperable (TRL) layout that deltasync's C++
-reader (host/include/deltasync/delta_file.hpp, integrity.hpp) accepts.
+"""Delta and anchor files, through the C++ library (torch_ext/src/delta_ops.cpp: delta_io.hpp,
+delta_file.hpp, compact_codec.hpp, integrity.hpp). Layouts, metadata and digest keys are the
+library's; this module only turns model descriptions and tensors into the ops' arguments.
 
-Delta: NAME.indices (I32 ascending flat positions; I64 past 2^31-1 elements) + NAME.values
-(the tensor's dtype) per changed tensor; metadata sparse="True", format="trl", model_version,
-base_version, sparsity, changed_params, total_elements, total_changed_elements, tensor_shapes,
-digest_algorithm, base_digests, result_digests (name -> 16 hex digits).
-Anchor part: tensors whole; metadata sparse="False", format="anchor", model_version,
-anchor_part "k/n", digest_algorithm, digests.
+Delta layouts: "trl" (NAME.indices + NAME.values, the interoperable layout) and "compact"
+(entropy-coded, values relative to the base bits: reading one needs the base weights in host
+memory). Both carry the versions and base_digests / result_digests. Anchor parts hold the
+tensors whole with model_version, anchor_part "k/n" and their checkpoint digests.
 """
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
-from ._protocol import DIGEST_ALGORITHM
+from ._library import load as load_ops
 
 ST_DTYPE = {
     torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
@@ -26,129 +22,101 @@ ST_DTYPE = {
     torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32",
 }
 TORCH_DTYPE = {v: k for k, v in ST_DTYPE.items()}
-I32_LIMIT = 2**31 - 1
+FORMATS = ("trl", "compact")
+
+# A model description: (name, torch dtype, shape) per tensor, in model order.
+Meta = list[tuple[str, torch.dtype, tuple[int, ...]]]
 
 
-def hex_digest(value: int) -> str:
-    return f"{value & 0xFFFFFFFFFFFFFFFF:016x}"
+def _ops():
+    load_ops()
+    return torch.ops.deltasync
 
 
-def parse_hex_digest(text: str, label: str) -> int:
-    if len(text) != 16 or any(c not in "0123456789abcdef" for c in text):
-        raise ValueError(f"{label}: bad digest {text!r} (want 16 lowercase hex digits)")
-    return int(text, 16)
+def _model_args(meta: Meta):
+    names = [n for n, _, _ in meta]
+    dtypes = []
+    for name, dtype, _ in meta:
+        if dtype not in ST_DTYPE:
+            raise ValueError(f"deltasync: tensor {name}: dtype {dtype} has no safetensors name")
+        dtypes.append(ST_DTYPE[dtype])
+    ranks = [len(shape) for _, _, shape in meta]
+    dims = [int(d) for _, _, shape in meta for d in shape]
+    return names, dtypes, ranks, dims
 
 
-def tensor_shapes(meta: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> str:
-    return json.dumps({name: {"dtype": ST_DTYPE[dtype], "shape": list(shape)} for name, dtype, shape in meta},
-                      separators=(",", ":"))
+def _signed(d: int) -> int:
+    """A 64-bit unsigned digest as the int64 the ops take."""
+    d &= (1 << 64) - 1
+    return d - (1 << 64) if d >= 1 << 63 else d
 
 
-def serialize_delta(meta, changed: dict[str, tuple[torch.Tensor, torch.Tensor]], version: int, base_version: int,
-                    base_digests: dict[str, int], result_digests: dict[str, int]) -> bytes:
-    """`changed` maps a tensor name to (int64 positions, values in the tensor's dtype), CPU."""
-    tensors = {}
-    total = sum(_numel(shape) for _, _, shape in meta)
-    changed_total = 0
-    for name, dtype, shape in meta:
-        if name not in changed:
-            continue
-        indices, values = changed[name]
-        narrow = indices.to(torch.int32) if _numel(shape) <= I32_LIMIT else indices
-        tensors[f"{name}.indices"] = narrow.contiguous()
-        tensors[f"{name}.values"] = values.contiguous()
-        changed_total += indices.numel()
-    metadata = {
-        "sparse": "True", "format": "trl",
-        "model_version": str(version), "base_version": str(base_version),
-        "sparsity": repr(1.0 - changed_total / total) if total else "1.0",
-        "changed_params": json.dumps([n for n, _, _ in meta if n in changed]),
-        "total_elements": str(total), "total_changed_elements": str(changed_total),
-        "tensor_shapes": tensor_shapes(meta),
-        "digest_algorithm": DIGEST_ALGORITHM,
-        "base_digests": json.dumps({n: hex_digest(d) for n, d in sorted(base_digests.items())}),
-        "result_digests": json.dumps({n: hex_digest(d) for n, d in sorted(result_digests.items())}),
-    }
-    return save_safetensors(tensors, metadata)
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
-def serialize_anchor_part(tensors: dict[str, torch.Tensor], version: int, part: int, parts: int,
-                          digests: dict[str, int]) -> bytes:
-    metadata = {
-        "sparse": "False", "format": "anchor", "model_version": str(version), "anchor_part": f"{part}/{parts}",
-        "digest_algorithm": DIGEST_ALGORITHM,
-        "digests": json.dumps({n: hex_digest(d) for n, d in sorted(digests.items())}),
-    }
-    return save_safetensors({n: t.contiguous() for n, t in tensors.items()}, metadata)
+def serialize_delta(format: str, meta: Meta, indices: torch.Tensor, values: torch.Tensor,
+                    base_values: torch.Tensor | None, counts: list[int], version: int, base_version: int | None,
+                    base_digests: list[int], result_digests: list[int]) -> bytes:
+    """The encode's host-staged output (int64 indices, value bytes, base bytes -- needed by
+    "compact" --, per-tensor counts) as delta bytes; digests are per tensor in model order."""
+    out = _ops().delta_serialize(format, *_model_args(meta), indices, values.view(torch.uint8),
+                                 None if base_values is None else base_values.view(torch.uint8),
+                                 torch.tensor(counts, dtype=torch.int64), version, base_version,
+                                 [_signed(d) for d in base_digests], [_signed(d) for d in result_digests])
+    return out.numpy().tobytes()
 
 
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-def read_metadata(data: bytes, label: str) -> dict[str, str]:
-    if len(data) < 8:
-        raise ValueError(f"{label}: too short for a safetensors file")
-    (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > len(data) - 8:
-        raise ValueError(f"{label}: header length {header_len} exceeds the file")
-    try:
-        header = json.loads(data[8:8 + header_len])
-    except ValueError as e:
-        raise ValueError(f"{label}: header is not JSON ({e})") from None
-    return dict(header.get("__metadata__") or {})
+def serialize_anchor_part(meta: Meta, tensors: list[torch.Tensor], version: int, part: int, parts: int,
+                          digests: list[int]) -> bytes:
+    out = _ops().anchor_serialize(*_model_args(meta), [t.contiguous() for t in tensors], version, part, parts,
+                                  [_signed(d) for d in digests])
+    return out.numpy().tobytes()
 
 
 @dataclass
 class ParsedDelta:
     version: int
     base_version: int | None
-    changed: dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (int64 positions, values)
+    format: str
+    changed: dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (int64 positions, values), model order
     base_digests: dict[str, int] | None
     result_digests: dict[str, int] | None
+    # True for a compact delta read without the base: `changed` then holds unbased values, which
+    # rebase_values() turns into the new bits given the base bits at the same positions.
+    relative: bool = False
 
 
-def parse_delta(data: bytes, label: str) -> ParsedDelta:
-    metadata = read_metadata(data, label)
-    if metadata.get("format") == "compact" or metadata.get("compact_version"):
-        raise ValueError(f"{label}: compact-layout delta; the Python subscriber reads the TRL layout only "
-                         "(publish with format='trl', or pull with the deltasync CLI)")
-    if metadata.get("sparse") != "True":
-        raise ValueError(f"{label}: not a sparse delta")
-    tensors = load_safetensors(data)
-    changed = {}
-    for key in tensors:
-        if key.endswith(".indices"):
-            name = key[: -len(".indices")]
-            values = tensors.get(f"{name}.values")
-            if values is None:
-                raise ValueError(f"{label}: {key} has no matching {name}.values")
-            indices = tensors[key]
-            if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
-                raise ValueError(f"{label}: tensor {name}: indices and values are not 1-D of the same length")
-            changed[name] = (indices.to(torch.int64), values)
-    for key in tensors:
-        if key.endswith(".values") and key[: -len(".values")] not in changed:
-            raise ValueError(f"{label}: {key} has no matching indices")
+def parse_delta(data: bytes, label: str, meta: Meta, base: list[torch.Tensor] | None = None) -> ParsedDelta:
+    """Reads a delta of either layout and resolves it against the model `meta` (names, dtypes,
+    shapes checked in C++). `base` (the model's tensors on the CPU, in meta order) is needed
+    for compact deltas to be decoded here; without it a compact delta comes back `relative`."""
+    (fmt, relative, version, base_version, names, indices, values, counts, has_digests, digest_names, base_d,
+     result_d) = _ops().delta_read(_bytes_tensor(data), label, *_model_args(meta), base)
+    dtype_of = {n: d for n, d, _ in meta}
+    counts = counts.tolist()
+    index_parts = torch.split(indices, counts)
+    widths = [torch.empty(0, dtype=dtype_of[n]).element_size() for n in names]
+    value_parts = torch.split(values, [c * w for c, w in zip(counts, widths)])
+    changed = {n: (i, v.view(dtype_of[n])) for n, i, v in zip(names, index_parts, value_parts)}
+    mask = (1 << 64) - 1
+    base_digests = {n: d & mask for n, d in zip(digest_names, base_d)} if has_digests else None
+    result_digests = {n: d & mask for n, d in zip(digest_names, result_d)} if has_digests else None
+    return ParsedDelta(version, None if base_version < 0 else base_version, fmt, changed, base_digests,
+                       result_digests, relative)
 
-    def digests(field):
-        if field not in metadata:
-            return None
-        return {n: parse_hex_digest(h, label) for n, h in json.loads(metadata[field]).items()}
 
-    base_version = metadata.get("base_version")
-    return ParsedDelta(int(metadata["model_version"]), None if base_version in (None, "") else int(base_version),
-                       changed, digests("base_digests"), digests("result_digests"))
+def rebase_values(unbased: torch.Tensor, base_bits: torch.Tensor, counts: list[int], widths: list[int]) -> torch.Tensor:
+    """Second phase of a relative compact read (C++ compact::rebase_values): the new bits (uint8,
+    CPU) from the unbased values and the base bits gathered at the same positions; counts[t]
+    elements of widths[t] bytes per tensor, back to back."""
+    return _ops().compact_rebase(unbased.reshape(-1).view(torch.uint8).cpu().contiguous(),
+                                 base_bits.reshape(-1).view(torch.uint8).cpu().contiguous(),
+                                 torch.tensor(counts, dtype=torch.int64), widths)
 
 
 def parse_anchor_part(data: bytes, label: str) -> tuple[dict[str, torch.Tensor], dict[str, int] | None, int]:
-    metadata = read_metadata(data, label)
-    if metadata.get("sparse") != "False":
-        raise ValueError(f"{label}: not an anchor")
-    digests = None
-    if "digests" in metadata:
-        digests = {n: parse_hex_digest(h, label) for n, h in json.loads(metadata["digests"]).items()}
-    return load_safetensors(data), digests, int(metadata["model_version"])
+    """(tensors, checkpoint digests or None, model_version) of an anchor part."""
+    version, has_digests, names, digests = _ops().anchor_read_digests(_bytes_tensor(data), label)
+    mask = (1 << 64) - 1
+    return load_safetensors(data), ({n: d & mask for n, d in zip(names, digests)} if has_digests else None), version

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import ops
-from ._files import serialize_anchor_part, serialize_delta
+from ._files import FORMATS, serialize_anchor_part, serialize_delta
 from ._params import flat_bytes, int_view, named_tensors, to_host
 from ._protocol import (DIGEST_ALGORITHM, Manifest, ObjectRef, anchor_part_key, apply_retention, commit_version,
                         delta_key, new_nonce)
@@ -73,9 +73,12 @@ class _Job:
 class DeltaPublisher:
     def __init__(self, model, store, anchor_every: int = 20, format: str = "trl", low_memory: bool = False,
                  anchor_part_bytes: int = 2 << 30, max_pending: int = 4, log=None, keep_anchors: int = 0):
-        if format != "trl":
-            raise ValueError(f"deltasync.DeltaPublisher: format {format!r}: the Python publisher writes the "
-                             "interoperable 'trl' layout (the compact layout is written by the C++ publisher / CLI)")
+        if format not in FORMATS:
+            raise ValueError(f"deltasync.DeltaPublisher: format {format!r}: choose 'trl' (interoperable) or 'compact'")
+        if format == "compact" and low_memory:
+            raise ValueError("deltasync.DeltaPublisher: format='compact' codes values relative to the base bits, "
+                             "which the low-memory shadow does not keep; use format='trl' with low_memory=True")
+        self.format = format
         self._named = named_tensors(model)
         self.names = [n for n, _ in self._named]
         self.params = [t for _, t in self._named]
@@ -271,16 +274,9 @@ class DeltaPublisher:
                 shifts = ops.digest_shift(job.indices, job.base_values, job.values, torch.tensor(job.counts),
                                           self._widths).tolist()
                 result = [(d + s) & MASK for d, s in zip(base_digests, shifts)]
-            changed = {}
-            index_parts = torch.split(job.indices, job.counts)
-            value_parts = torch.split(job.values, [c * w for c, w in zip(job.counts, self._widths)])
-            for t, (name, dtype, _) in enumerate(self._meta):
-                if job.counts[t]:
-                    changed[name] = (index_parts[t], value_parts[t].view(dtype))
-            delta_bytes = serialize_delta(
-                self._meta, changed, stats.version, job.base_version,
-                {n: base_digests[t] for t, n in enumerate(self.names) if n in changed},
-                {n: result[t] for t, n in enumerate(self.names) if n in changed})
+            # Digests of every tensor; the C++ writer records those of the changed ones.
+            delta_bytes = serialize_delta(self.format, self._meta, job.indices, job.values, job.base_values,
+                                          job.counts, stats.version, job.base_version, base_digests, result)
         else:
             result = job.full_digests
         parts = []
@@ -299,7 +295,7 @@ class DeltaPublisher:
             self.store.put(key, delta_bytes)
             m.delta = ObjectRef.of(key, delta_bytes)  # (an anchor-only version has no base_version)
             m.base_version = job.base_version
-            m.delta_format = "trl"
+            m.delta_format = self.format
             m.changed_elements = stats.changed_elements
             stats.delta_bytes = len(delta_bytes)
         for k, data in enumerate(parts):
@@ -345,8 +341,8 @@ class DeltaPublisher:
                 size = 0
             groups[-1].append(t)
             size += n
-        return [serialize_anchor_part({self.names[t]: weights[t] for t in g}, version, k, len(groups),
-                                      {self.names[t]: digests[t] for t in g}) for k, g in enumerate(groups)]
+        return [serialize_anchor_part([self._meta[t] for t in g], [weights[t] for t in g], version, k, len(groups),
+                                      [digests[t] for t in g]) for k, g in enumerate(groups)]
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

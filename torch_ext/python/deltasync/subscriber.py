@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import ops
-from ._files import ParsedDelta, parse_anchor_part, parse_delta
+from ._files import ParsedDelta, parse_anchor_part, parse_delta, rebase_values
 from ._params import int_view, named_tensors, to_device
 from ._protocol import Catalog, Manifest, fetch_verified
 from ._store import open_store
@@ -74,6 +74,16 @@ class TensorReceiver:
         digests = ops.digest(list(self.tensors.values())).tolist()
         self.digests = {n: d & MASK for n, d in zip(self.tensors, digests)}
 
+    def parse_delta(self, data: bytes, label: str) -> ParsedDelta:
+        """Reads a delta (either layout) against these tensors. A compact delta's values are
+        relative to the base bits: the C++ decoder reads them directly from CPU tensors; for
+        GPU tensors the delta comes back relative and apply_delta gathers the base bits on the
+        device (O(changed)) before rebasing."""
+        tensors = list(self.tensors.values())
+        on_cpu = all(t.device.type == "cpu" for t in tensors)
+        return parse_delta(data, label, [(n, t.dtype, tuple(t.shape)) for n, t in self.tensors.items()],
+                           tensors if on_cpu else None)
+
     def check_anchor(self, expected: dict[str, int], label: str) -> None:
         for name, value in expected.items():
             if self.digests.get(name) != value:
@@ -102,15 +112,19 @@ class TensorReceiver:
         counts = torch.tensor([delta.changed[n][0].numel() for n in names], dtype=torch.int64)
         device = targets[0].device
         started = time.perf_counter()
-        d_indices, d_values = to_device(indices, device), to_device(values, device)
-        # Old bits of the elements about to change: what the result check and a rollback need.
+        d_indices = to_device(indices, device)
+        # Old bits of the elements about to change: what the result check and a rollback need
+        # (and, for a relative compact delta, the base its values are coded against).
         old = []
-        for n, t in zip(names, targets):
-            idx = delta.changed[n][0]
+        for n, t, idx in zip(names, targets, torch.split(d_indices, counts.tolist())):
             in_range = idx[(idx >= 0) & (idx < t.numel())]
-            old.append(int_view(t).index_select(0, in_range.to(device)).view(torch.uint8))
-        ops.apply(targets, d_indices, d_values, counts, names)
+            old.append(int_view(t).index_select(0, in_range).view(torch.uint8))
         old_bytes = torch.cat(old)
+        widths = [t.element_size() for t in targets]
+        if delta.relative:
+            values = rebase_values(values, old_bytes, counts.tolist(), widths)
+        d_values = to_device(values, device)
+        ops.apply(targets, d_indices, d_values, counts, names)
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()
         report.pause_seconds += time.perf_counter() - started
@@ -118,7 +132,6 @@ class TensorReceiver:
         report.applied_elements += indices.numel()
         if delta.result_digests is None:
             return
-        widths = [t.element_size() for t in targets]
         shifts = ops.digest_shift(indices, old_bytes.cpu(), values, counts, widths).tolist()
         updated = {n: (self.digests.get(n, 0) + s) & MASK for n, s in zip(names, shifts)}
         bad = [n for n in names if delta.result_digests.get(n) != updated[n]]
@@ -192,16 +205,13 @@ class DeltaSubscriber:
             report.anchor = anchor
         for v in deltas:
             m = self.catalog.find(v)
-            if m.delta_format != "trl":
-                raise RuntimeError(f"{self.store.describe(m.delta.key)}: {m.delta_format!r} delta; the Python "
-                                   "subscriber reads the 'trl' layout only")
             t0 = time.perf_counter()
             data = fetch_verified(self.store, m.delta)
             report.fetch_seconds += time.perf_counter() - t0
             report.bytes_fetched += len(data)
             t1 = time.perf_counter()
             label = self.store.describe(m.delta.key)
-            parsed = parse_delta(data, label)
+            parsed = self.receiver.parse_delta(data, label)
             if parsed.version != m.version or parsed.base_version != m.base_version:
                 raise IntegrityError(f"{label}: delta's versions disagree with its manifest")
             if parsed.base_version != self.version:

@@ -21,7 +21,8 @@ import time
 import torch
 
 from .. import ops
-from .._files import ParsedDelta
+from .._files import ParsedDelta, parse_delta, rebase_values
+from .._params import int_view
 from ..subscriber import DeltaSubscriber, UpdateReport
 from .index_map import GlobalMap, IndexMap, learn_index_maps
 
@@ -35,14 +36,21 @@ class MappedReceiver:
         self.model = model
         self.index_map: IndexMap | None = None
         self.global_map: GlobalMap | None = None
+        self.hf_meta: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
 
     def learn(self, hf_tensors) -> None:
+        self.hf_meta = [(n, dtype, tuple(shape)) for n, (dtype, shape) in hf_tensors.items()]
         self.index_map = learn_index_maps(self.model, hf_tensors)
         self.global_map = GlobalMap(self.index_map, self.index_map.params[0].device)
 
     def load_anchor(self, tensors: dict[str, torch.Tensor], label: str) -> None:
         # vLLM's own path for full weights.
         self.model.load_weights(list(tensors.items()))
+
+    def parse_delta(self, data: bytes, label: str) -> ParsedDelta:
+        # HF-shaped tensors are not held here: a compact delta comes back relative, and
+        # _apply_vectorized gathers the base bits from the runtime parameters it writes.
+        return parse_delta(data, label, self.hf_meta)
 
     def check_anchor(self, expected, label) -> None:  # pragma: no cover - digests not verifiable here
         pass
@@ -79,6 +87,14 @@ class MappedReceiver:
         if order is not None:
             rows = rows[order]
         values = values.view(-1, width).index_select(0, rows).reshape(-1)
+        if delta.relative:
+            # Compact: values are coded against the base bits, which sit at the runtime
+            # positions about to be written (only those this rank holds are needed).
+            per_param_list = per_param.tolist()
+            base = torch.cat([int_view(p).index_select(0, pos).view(torch.uint8)
+                              for p, pos in zip(imap.params, torch.split(local, per_param_list))])
+            values = rebase_values(values, base, [int(rows.numel())], [width])
+            values = values.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else values
         ops.apply(imap.params, local, values, per_param, imap.param_names)
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()
@@ -88,6 +104,10 @@ class MappedReceiver:
 
     def _apply_per_tensor(self, delta: ParsedDelta, label: str, report: UpdateReport) -> None:
         """Fallback when value dtypes differ from the runtime parameters' (values are cast)."""
+        if delta.relative:
+            raise RuntimeError(f"{label}: compact-layout delta for parameters whose runtime dtype differs from the "
+                               "published one: its values are coded against base bits this worker does not hold; "
+                               "publish with format='trl'")
         imap = self.index_map
         started = time.perf_counter()
         device = imap.params[0].device
