@@ -101,7 +101,7 @@ def test_late_subscriber_plans_from_anchor_and_chains_deltas(store, tmp_path):
 
 def test_store_layout_is_the_protocols(store, tmp_path):
     trainer = make_model(0)
-    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=10) as pub:
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=10, format="trl") as pub:
         pub.publish(1)
         with torch.no_grad():
             trainer[1].weight.view(torch.int16)[0, :3] += 1

@@ -2,7 +2,9 @@
 (kept on the parameters' device), stages the changes in host memory and returns; a background
 thread computes digests, writes the delta (and every `anchor_every` versions an anchor) and
 commits the version to the store (deltasync's store protocol, from the C++ library; see
-_protocol.py). With keep_anchors=K, retention then deletes what the newest K anchors no longer need.
+_protocol.py). Delta and anchor files are written by the C++ library (_files.py): format=
+"compact" (default; entropy-coded, values relative to the base bits) or "trl" (interoperable
+NAME.indices + NAME.values; the default in low-memory mode, which keeps no base bits). With keep_anchors=K, retention then deletes what the newest K anchors no longer need.
 
     with deltasync.DeltaPublisher(model, store="file:///bucket", anchor_every=20) as pub:
         for step in ...:
@@ -71,8 +73,10 @@ class _Job:
 
 
 class DeltaPublisher:
-    def __init__(self, model, store, anchor_every: int = 20, format: str = "trl", low_memory: bool = False,
+    def __init__(self, model, store, anchor_every: int = 20, format: str | None = None, low_memory: bool = False,
                  anchor_part_bytes: int = 2 << 30, max_pending: int = 4, log=None, keep_anchors: int = 0):
+        if format is None:  # the compact layout needs the base bits, which the low-memory shadow lacks
+            format = "trl" if low_memory else "compact"
         if format not in FORMATS:
             raise ValueError(f"deltasync.DeltaPublisher: format {format!r}: choose 'trl' (interoperable) or 'compact'")
         if format == "compact" and low_memory:

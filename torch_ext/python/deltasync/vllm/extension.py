@@ -104,10 +104,6 @@ class MappedReceiver:
 
     def _apply_per_tensor(self, delta: ParsedDelta, label: str, report: UpdateReport) -> None:
         """Fallback when value dtypes differ from the runtime parameters' (values are cast)."""
-        if delta.relative:
-            raise RuntimeError(f"{label}: compact-layout delta for parameters whose runtime dtype differs from the "
-                               "published one: its values are coded against base bits this worker does not hold; "
-                               "publish with format='trl'")
         imap = self.index_map
         started = time.perf_counter()
         device = imap.params[0].device
@@ -131,8 +127,11 @@ class MappedReceiver:
             for target in imap.targets[name]:
                 held, pos = target.lookup(idx)
                 param = imap.params[target.param_index]
+                new = v[held]
+                if delta.relative:
+                    new = _rebase_from_runtime(new, param, pos, label, name)
                 positions.setdefault(target.param_index, []).append(pos)
-                values.setdefault(target.param_index, []).append(v[held].to(param.dtype))
+                values.setdefault(target.param_index, []).append(new.to(param.dtype))
         order = sorted(positions)
         targets, idx_parts, val_parts, n_parts = [], [], [], []
         for k in order:
@@ -153,6 +152,22 @@ class MappedReceiver:
         report.pause_seconds += time.perf_counter() - started
         report.changed_elements += int(all_indices.numel())
         report.applied_elements += sum(n_parts)
+
+
+def _rebase_from_runtime(unbased: torch.Tensor, param: torch.Tensor, pos: torch.Tensor, label: str,
+                         name: str) -> torch.Tensor:
+    """New values (published dtype) of a compact delta whose runtime parameter has another
+    dtype: the base bits are the runtime values cast back to the published dtype, which is exact
+    only when the runtime dtype holds every published value (bf16 served in fp32); refused
+    otherwise rather than guessed."""
+    runtime = param.view(-1).index_select(0, pos)
+    base = runtime.to(unbased.dtype)
+    if not torch.equal(int_view(base.to(param.dtype)), int_view(runtime)):
+        raise RuntimeError(f"{label}: tensor {name}: compact-layout delta, and the runtime {param.dtype} values do "
+                           f"not convert exactly back to the published {unbased.dtype} base bits its values are "
+                           "coded against; publish with format='trl'")
+    new = rebase_values(unbased, base, [unbased.numel()], [unbased.element_size()]).view(unbased.dtype)
+    return new.to(param.device)
 
 
 def _hf_tensors_of_anchor(sub: DeltaSubscriber, anchor_version: int):
