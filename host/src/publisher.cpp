@@ -135,12 +135,12 @@ Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tenso
 }
 
 Publisher::~Publisher() {
-  try {
-    flush();
-  } catch (...) {
-  }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    // Finish what is queued, but never retry an upload whose failure the caller has already
+    // been told about (or is about to be lost with this object): a version must not become
+    // visible after the caller saw its publish fail and moved on.
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return paused_ || (queue_.empty() && !busy_); });
     stopping_ = true;
   }
   changed_.notify_all();

@@ -75,7 +75,9 @@ class Publisher {
  public:
   // `tensors` describes the model (names, dtypes, shapes) in the order weights are passed.
   Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, PublisherOptions options = {});
-  ~Publisher();  // flushes; errors at that point are dropped (call flush() to see them)
+  // Waits for the queued versions; a failed upload is not retried and its error is dropped
+  // (call flush() first to see it).
+  ~Publisher();
   Publisher(const Publisher&) = delete;
   Publisher& operator=(const Publisher&) = delete;
 
