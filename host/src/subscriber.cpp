@@ -7,7 +7,6 @@
 #include "deltasync/delta_io.hpp"
 #include "deltasync/digest.hpp"
 #include "deltasync/integrity.hpp"
-#include "deltasync/sha256.hpp"
 #include "http_transport.hpp"
 
 namespace deltasync {
@@ -120,9 +119,7 @@ std::vector<std::vector<uint8_t>> Subscriber::fetch_all(const std::vector<protoc
   http::run_parallel(objects.size(), options_.parallel_fetches, [&](size_t i) {
     const auto& o = objects[i];
     auto bytes = store_.get(o.key);
-    if (bytes.size() != o.size)
-      throw Error(store_.describe(o.key) + ": size " + std::to_string(bytes.size()) + " differs from the manifest's " + std::to_string(o.size));
-    if (sha256_hex(bytes) != o.sha256) throw Error(store_.describe(o.key) + ": SHA-256 differs from the manifest's (corrupt object)");
+    protocol::verify_object(o, bytes, store_.describe(o.key));
     out[i] = std::move(bytes);
   });
   for (const auto& o : objects) report.bytes_fetched += o.size;
