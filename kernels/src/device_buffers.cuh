@@ -14,20 +14,31 @@
 
 namespace deltasync::cuda::detail {
 
-template <typename T>
-class DeviceArray {
+// Where a GrowableArray lives: device memory, or page-locked host memory that copies to and
+// from the device can run asynchronously against.
+struct DeviceMemory {
+  static cudaError_t allocate(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+  static void release(void* p) { cudaFree(p); }
+};
+struct PinnedMemory {
+  static cudaError_t allocate(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, cudaHostAllocDefault); }
+  static void release(void* p) { cudaFreeHost(p); }
+};
+
+template <typename T, typename Memory>
+class GrowableArray {
  public:
-  DeviceArray() = default;
-  ~DeviceArray() { release(); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
+  GrowableArray() = default;
+  ~GrowableArray() { release(); }
+  GrowableArray(const GrowableArray&) = delete;
+  GrowableArray& operator=(const GrowableArray&) = delete;
 
   // Makes room for at least `count` elements; never shrinks.
   cudaError_t reserve(size_t count) {
     if (count <= capacity_) return cudaSuccess;
     release();
     void* raw = nullptr;
-    cudaError_t err = cudaMalloc(&raw, count * sizeof(T));
+    cudaError_t err = Memory::allocate(&raw, count * sizeof(T));
     if (err != cudaSuccess) return err;
     data_ = static_cast<T*>(raw);
     capacity_ = count;
@@ -40,7 +51,7 @@ class DeviceArray {
 
  private:
   void release() {
-    if (data_ != nullptr) cudaFree(data_);
+    if (data_ != nullptr) Memory::release(data_);
     data_ = nullptr;
     capacity_ = 0;
   }
@@ -50,36 +61,8 @@ class DeviceArray {
 };
 
 template <typename T>
-class PinnedArray {
- public:
-  PinnedArray() = default;
-  ~PinnedArray() { release(); }
-  PinnedArray(const PinnedArray&) = delete;
-  PinnedArray& operator=(const PinnedArray&) = delete;
-
-  cudaError_t reserve(size_t count) {
-    if (count <= capacity_) return cudaSuccess;
-    release();
-    void* raw = nullptr;
-    cudaError_t err = cudaHostAlloc(&raw, count * sizeof(T), cudaHostAllocDefault);
-    if (err != cudaSuccess) return err;
-    data_ = static_cast<T*>(raw);
-    capacity_ = count;
-    return cudaSuccess;
-  }
-
-  T* data() const { return data_; }
-  size_t capacity() const { return capacity_; }
-
- private:
-  void release() {
-    if (data_ != nullptr) cudaFreeHost(data_);
-    data_ = nullptr;
-    capacity_ = 0;
-  }
-
-  T* data_ = nullptr;
-  size_t capacity_ = 0;
-};
+using DeviceArray = GrowableArray<T, DeviceMemory>;
+template <typename T>
+using PinnedArray = GrowableArray<T, PinnedMemory>;
 
 }  // namespace deltasync::cuda::detail
