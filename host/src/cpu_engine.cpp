@@ -104,14 +104,33 @@ void scan_range(const EncodeItem& item, uint64_t begin, uint64_t end, TaskResult
   };
   constexpr uint64_t kPerBlock = kBlockBytes / W;
   uint64_t i = begin;
-  for (; i + kPerBlock <= end; i += kPerBlock) {
-    uint64_t lanes = changed_lanes_of_block<W>(cur + i * W, shadow + i * W);
-    if (lanes == 0) continue;
-    out.reserve_more(kPerBlock, W);
-    do {
-      record(i + static_cast<uint64_t>(__builtin_ctzll(lanes)) / W);
-      lanes &= lanes - 1;
-    } while (lanes != 0);
+  // Two passes over chunks of 256 blocks (16 KiB of each buffer, still in L1/L2 for the second):
+  // the first finds the blocks with a change without branching on it (each block's mask is
+  // written to the next slot, which is kept only if nonzero); the second visits only those. A
+  // branch per block on "changed?" is random at 1% changed (27% of bf16 blocks) and mispredicted
+  // ~one time in four, which measured as much as the memory traffic itself.
+  constexpr uint64_t kChunkBlocks = 256;
+  uint64_t masks[kChunkBlocks];
+  uint32_t hits[kChunkBlocks];
+  while (i + kPerBlock <= end) {
+    const uint64_t blocks = std::min<uint64_t>(kChunkBlocks, (end - i) / kPerBlock);
+    size_t found = 0;
+    for (uint64_t b = 0; b < blocks; ++b) {
+      const uint64_t lanes = changed_lanes_of_block<W>(cur + (i + b * kPerBlock) * W, shadow + (i + b * kPerBlock) * W);
+      masks[found] = lanes;
+      hits[found] = static_cast<uint32_t>(b);
+      found += lanes != 0;
+    }
+    out.reserve_more(found * kPerBlock, W);
+    for (size_t h = 0; h < found; ++h) {
+      const uint64_t block_start = i + hits[h] * kPerBlock;
+      uint64_t lanes = masks[h];
+      do {
+        record(block_start + static_cast<uint64_t>(__builtin_ctzll(lanes)) / W);
+        lanes &= lanes - 1;
+      } while (lanes != 0);
+    }
+    i += blocks * kPerBlock;
   }
   out.reserve_more(end - i, W);
   for (; i < end; ++i)
