@@ -45,14 +45,6 @@ bool is_one_of(std::string_view key, std::span<const std::string_view> keys) {
 
 [[noreturn]] void fail(const std::string& label, const std::string& reason) { throw Error(label + ": " + reason); }
 
-std::string shape_text(std::span<const uint64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
 
 std::optional<uint64_t> parse_decimal(std::string_view text) {
   uint64_t value = 0;
@@ -179,7 +171,7 @@ std::span<const uint8_t> as_bytes_span(std::span<const T> values) {
 uint64_t TensorMeta::numel() const {
   uint64_t n = 1;
   for (uint64_t dim : shape) {
-    if (__builtin_mul_overflow(n, dim, &n)) throw Error("tensor " + name + ": shape " + shape_text(shape) +
+    if (__builtin_mul_overflow(n, dim, &n)) throw Error("tensor " + name + ": shape " + st::shape_text(shape) +
                                                         " has more than 2^64 elements");
   }
   return n;
@@ -402,7 +394,7 @@ ParsedDelta parse_trl_delta(const st::File& file) {
                       "; deltasync handles " + std::string(kWeightDtypeList));
     }
     for (const st::TensorInfo* t : {&idx, &val}) {
-      if (t->shape.size() != 1) fail(label, "tensor " + t->name + " has shape " + shape_text(t->shape) + "; expected 1-D");
+      if (t->shape.size() != 1) fail(label, "tensor " + t->name + " has shape " + st::shape_text(t->shape) + "; expected 1-D");
     }
     if (idx.shape[0] != val.shape[0]) {
       fail(label, "tensor " + name + " has " + std::to_string(idx.shape[0]) + " indices but " +
@@ -473,8 +465,8 @@ std::vector<PatchRef> resolve_patches(const ParsedDelta& delta, std::span<const 
                         " in delta but " + std::string(dtype_name(target.dtype)) + " in base");
       }
       if (target.shape != listed.shape) {
-        fail(label, "tensor " + listed.name + " has shape " + shape_text(listed.shape) + " in delta but " +
-                        shape_text(target.shape) + " in base");
+        fail(label, "tensor " + listed.name + " has shape " + st::shape_text(listed.shape) + " in delta but " +
+                        st::shape_text(target.shape) + " in base");
       }
     }
   }

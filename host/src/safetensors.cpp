@@ -57,14 +57,6 @@ std::optional<uint64_t> shape_numel(std::span<const uint64_t> shape) {
   return n;
 }
 
-std::string shape_text(std::span<const uint64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
 
 // A JSON header parsed into an ordered DOM. Duplicate keys are refused at any depth: nlohmann
 // keeps one of two equal keys silently, which would let a file carry a tensor the reader never
@@ -289,6 +281,15 @@ class FileDescriptor {
 };
 
 }  // namespace
+
+std::string shape_text(std::span<const uint64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
 
 uint64_t TensorInfo::numel() const {
   const auto n = shape_numel(shape);

@@ -34,6 +34,9 @@ struct TensorInfo {
 
 using Metadata = std::map<std::string, std::string>;
 
+// "[2, 3]": a shape as error messages print it.
+std::string shape_text(std::span<const uint64_t> shape);
+
 class File {
  public:
   // Maps and validates a file. Throws Error("PATH: reason").
