@@ -5,49 +5,26 @@ through the folder store and through S3 (moto on loopback, signatures checked).
 
 Not a test (no assertions on time); prints one line per measurement."""
 import argparse
-import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
-import logging
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
+from moto_s3 import start_signed_moto  # noqa: E402
 from store_model import write_safetensors  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def start_moto():
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    import boto3
-    from moto import settings
-    from moto.core.authorization import ActionAuthenticatorMixin
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    setup = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-    iam = boto3.client("iam", **setup)
-    iam.create_user(UserName="bench")
-    iam.put_user_policy(UserName="bench", PolicyName="all", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-    key = iam.create_access_key(UserName="bench")["AccessKey"]
-    boto3.client("s3", **setup).create_bucket(Bucket="bench")
-    settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
-    ActionAuthenticatorMixin.request_count = 0
-    env = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
-           "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
-    return server, env
+    moto = start_signed_moto("bench", user="bench")
+    return moto, moto.env
 
 
 def run(bin_dir, args, env):

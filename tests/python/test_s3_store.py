@@ -9,15 +9,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-import types
 import urllib.parse
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fault_proxy import FaultProxy  # noqa: E402
+from moto_s3 import start_signed_moto  # noqa: E402
 from store_model import SyntheticModel, assert_identical, read_safetensors  # noqa: E402
 
 BUCKET = "deltasync-test"
@@ -25,29 +23,10 @@ BUCKET = "deltasync-test"
 
 @pytest.fixture(scope="module")
 def moto_s3():
-    boto3 = pytest.importorskip("boto3")
-    moto_server = pytest.importorskip("moto.server")
-    from moto import settings
-    from moto.core.authorization import ActionAuthenticatorMixin
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    setup = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup", aws_secret_access_key="setup")
-    iam = boto3.client("iam", **setup)
-    iam.create_user(UserName="deltasync")
-    iam.put_user_policy(UserName="deltasync", PolicyName="all", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
-    key = iam.create_access_key(UserName="deltasync")["AccessKey"]
-    boto3.client("s3", **setup).create_bucket(Bucket=BUCKET)
-    # From here on every request must carry a valid SigV4 signature of an IAM user's key.
-    previous = settings.INITIAL_NO_AUTH_ACTION_COUNT
-    settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
-    ActionAuthenticatorMixin.request_count = 0
-    yield types.SimpleNamespace(endpoint=endpoint, host=host, port=port, key_id=key["AccessKeyId"],
-                                secret=key["SecretAccessKey"])
-    settings.INITIAL_NO_AUTH_ACTION_COUNT = previous
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    server = start_signed_moto(BUCKET)
+    yield server
     server.stop()
 
 

@@ -330,22 +330,18 @@ def test_unknown_store_scheme_is_refused():
 
 @pytest.fixture
 def s3_store(monkeypatch):
-    """A moto S3 server on 127.0.0.1 with one bucket; credentials through the environment, as
-    the C++ S3 store reads them."""
-    boto3 = pytest.importorskip("boto3")
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
+    """A moto S3 server on 127.0.0.1 (signatures checked) with one bucket; credentials through
+    the environment, as the C++ S3 store reads them."""
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    from moto_s3 import start_signed_moto
+
+    moto = start_signed_moto("torch-test")
+    for key, value in moto.env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                 aws_secret_access_key="testing").create_bucket(Bucket="torch-test")
     yield "s3://torch-test/run1"
-    server.stop()
+    moto.stop()
 
 
 def test_publisher_and_subscriber_over_s3(s3_store):
@@ -370,16 +366,18 @@ def test_publisher_and_subscriber_over_s3(s3_store):
 # --- interoperability with the C++ CLI (same store protocol and delta layout) -----------------
 
 
-def test_cli_pull_reads_what_the_python_publisher_wrote(store, tmp_path, run_cli):
+@pytest.mark.parametrize("fmt", ["trl", "compact"])
+def test_cli_pull_reads_what_the_python_publisher_wrote(store, tmp_path, run_cli, fmt):
     from safetensors.torch import load_file
 
     trainer = make_model(0)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
-    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100) as pub:
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, format=fmt) as pub:
         pub.publish(0)
         for step in (1, 2):
             train_step(trainer, optimizer, step)
             pub.publish(step)
+    assert pub.store.get(f"manifests/{2:020d}.json").find(f'"{fmt}"'.encode()) > 0
     out = tmp_path / "pulled.safetensors"
     run_cli("pull", "--store", store, "-o", out, "--quiet")
     pulled = load_file(out)
@@ -387,7 +385,8 @@ def test_cli_pull_reads_what_the_python_publisher_wrote(store, tmp_path, run_cli
         assert torch.equal(pulled[name].view(torch.int16), p.detach().view(torch.int16)), name
 
 
-def test_python_subscriber_reads_what_the_cli_published(store, tmp_path, run_cli):
+@pytest.mark.parametrize("fmt", ["trl", "compact"])
+def test_python_subscriber_reads_what_the_cli_published(store, tmp_path, run_cli, fmt):
     from safetensors.torch import save_file
 
     trainer = make_model(0)
@@ -400,7 +399,8 @@ def test_python_subscriber_reads_what_the_cli_published(store, tmp_path, run_cli
             train_step(trainer, optimizer, step)
         ckpt = tmp_path / f"ckpt{step}.safetensors"
         save_file({n: p.detach().contiguous() for n, p in trainer.named_parameters()}, ckpt)
-        run_cli("publish", ckpt, "--store", store, "--version", step, "--state", state, "--format", "trl", "--quiet")
+        run_cli("publish", ckpt, "--store", store, "--version", step, "--state", state, "--format", fmt, "--quiet")
         assert sub.update() == step
         assert bits_equal(trainer, follower)
+    assert sub.catalog.find(2).delta_format == fmt
     assert sub.last_report.deltas == [2]
