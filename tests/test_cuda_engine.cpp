@@ -27,10 +27,13 @@ namespace {
 
 class DeviceBytes {
  public:
-  explicit DeviceBytes(size_t size) : size_(size) {
-    if (size_ > 0) cuda::check(cudaMalloc(&data_, size_), "test cudaMalloc");
+  // `misalign` bytes into a fresh allocation: a view into a flat buffer, not 16-byte aligned.
+  explicit DeviceBytes(size_t size, size_t misalign = 0) : size_(size), misalign_(misalign) {
+    if (size_ > 0) cuda::check(cudaMalloc(&data_, size_ + misalign_), "test cudaMalloc");
   }
-  explicit DeviceBytes(std::span<const uint8_t> host) : DeviceBytes(host.size()) { upload(host); }
+  explicit DeviceBytes(std::span<const uint8_t> host, size_t misalign = 0) : DeviceBytes(host.size(), misalign) {
+    upload(host);
+  }
   ~DeviceBytes() {
     if (data_ != nullptr) cudaFree(data_);
   }
@@ -39,19 +42,20 @@ class DeviceBytes {
 
   void upload(std::span<const uint8_t> host) {
     ASSERT_EQ(host.size(), size_);
-    if (size_ > 0) cuda::check(cudaMemcpy(data_, host.data(), size_, cudaMemcpyHostToDevice), "test upload");
+    if (size_ > 0) cuda::check(cudaMemcpy(get(), host.data(), size_, cudaMemcpyHostToDevice), "test upload");
   }
   std::vector<uint8_t> download() const {
     std::vector<uint8_t> host(size_);
-    if (size_ > 0) cuda::check(cudaMemcpy(host.data(), data_, size_, cudaMemcpyDeviceToHost), "test download");
+    if (size_ > 0) cuda::check(cudaMemcpy(host.data(), get(), size_, cudaMemcpyDeviceToHost), "test download");
     return host;
   }
-  uint8_t* get() const { return static_cast<uint8_t*>(data_); }
+  uint8_t* get() const { return static_cast<uint8_t*>(data_) + (data_ != nullptr ? misalign_ : 0); }
   size_t size() const { return size_; }
 
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
+  size_t misalign_ = 0;
 };
 
 template <typename T>
@@ -97,16 +101,17 @@ class CudaEngineTest : public testing::Test {
 
 class TwinModel {
  public:
-  // A tensor whose shadow and current start equal (random bits).
-  void add(std::string name, uint32_t width, uint64_t numel, uint64_t seed) {
+  // A tensor whose shadow and current start equal (random bits); `misalign` bytes (a multiple of
+  // the width) past a 256-byte aligned address on the device.
+  void add(std::string name, uint32_t width, uint64_t numel, uint64_t seed, size_t misalign = 0) {
     auto t = std::make_unique<Tensor>();
     t->name = std::move(name);
     t->width = width;
     t->numel = numel;
     t->current = random_bytes(numel * width, seed);
     t->shadow = t->current;
-    t->device_current = std::make_unique<DeviceBytes>(t->current);
-    t->device_shadow = std::make_unique<DeviceBytes>(t->shadow);
+    t->device_current = std::make_unique<DeviceBytes>(t->current, misalign);
+    t->device_shadow = std::make_unique<DeviceBytes>(t->shadow, misalign);
     tensors_.push_back(std::move(t));
   }
 
@@ -218,6 +223,40 @@ TEST_F(CudaEngineTest, EncodeMatchesCpuForEachSizeAlone) {
       model.change(0.2, numel + width);
       model.encode_and_compare(encoder, stream_);
     }
+  }
+}
+
+// Views into flat buffers: width-aligned but not 16-byte aligned, so the select takes its
+// element-wise path; mixed with aligned tensors of every width in one set.
+TEST_F(CudaEngineTest, EncodeMatchesCpuForTensorsNotAlignedTo16Bytes) {
+  TwinModel model;
+  uint64_t seed = 500;
+  for (uint32_t width : {1u, 2u, 4u}) {
+    for (size_t misalign : {size_t{0}, size_t{width}, size_t{8}, size_t{12}}) {
+      if (misalign % width != 0) continue;
+      for (uint64_t numel : {1ull, 4095ull, 4096ull, 9001ull})
+        model.add("w" + std::to_string(width) + "_m" + std::to_string(misalign) + "_n" + std::to_string(numel), width,
+                  numel, ++seed, misalign);
+    }
+  }
+  model.change(0.05, 77);
+  cuda::Encoder encoder;
+  EXPECT_GT(model.encode_and_compare(encoder, stream_), 0u);
+}
+
+// One width per set: the select writes values packed directly (no strided scratch), and a set's
+// last chunk ends inside its last tensor.
+TEST_F(CudaEngineTest, EncodeMatchesCpuForSingleWidthSets) {
+  for (uint32_t width : {1u, 2u, 4u}) {
+    TwinModel model;
+    model.add("a", width, 4096 * 3 + 17, width);
+    model.add("empty", width, 0, width + 1);
+    model.add("b", width, 70000, width + 2);
+    model.change(0.02, width + 3);
+    cuda::Encoder encoder;
+    EXPECT_GT(model.encode_and_compare(encoder, stream_), 0u) << "width " << width;
+    model.change(0.5, width + 4);
+    EXPECT_GT(model.encode_and_compare(encoder, stream_), 0u) << "width " << width;
   }
 }
 

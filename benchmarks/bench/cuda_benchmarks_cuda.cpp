@@ -5,6 +5,8 @@
 // so each sample starts cold, as a training step's encode does.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -358,17 +360,29 @@ void end_to_end(State& state) {
   info.model_version = 1;
   info.base_version = 0;
   double file_bytes = 0;
+  // Where the step's time goes (last sample): GPU encode + stage to pinned memory, the file
+  // write (temp name, fsync, rename), open + parse, upload + apply.
+  double phase_ms[4] = {};
   state.measure([&] {
     f->reset_shadow(gpu.stream());
     gpu.sync();
     return time_seconds([&] {
+      auto t0 = std::chrono::steady_clock::now();
+      const auto lap = [&t0](double& ms) {
+        const auto now = std::chrono::steady_clock::now();
+        ms = std::chrono::duration<double, std::milli>(now - t0).count();
+        t0 = now;
+      };
       check(encoder.encode(items, gpu.stream()), "encode");
       check(encoder.stage(gpu.stream()), "stage");
       gpu.sync();
+      lap(phase_ms[0]);
       write_trl_delta(path, metas, encoder.staged(), info);
+      lap(phase_ms[1]);
       const st::File opened = st::File::open(path);
       const ParsedDelta parsed = parse_trl_delta(opened);
       std::vector<PatchRef> patches = resolve_patches(parsed, metas, path);
+      lap(phase_ms[2]);
       // Upload every patch into one device buffer pair, then one scatter for all tensors.
       uint64_t index_at = 0, value_at = 0;
       for (PatchRef& p : patches) {
@@ -382,6 +396,7 @@ void end_to_end(State& state) {
         value_at += vb;
       }
       applier.apply_checked(targets, patches, gpu.stream());
+      lap(phase_ms[3]);
       file_bytes = static_cast<double>(opened.size_bytes());
     });
   });
@@ -389,6 +404,10 @@ void end_to_end(State& state) {
   std::filesystem::remove(path, ec);
   if (state.skipped()) return;
   expect_current(*f, receiver.data(), "e2e");
+  char phases[160];
+  std::snprintf(phases, sizeof phases, "encode+stage %.1f / write %.1f / open+parse %.1f / upload+apply %.1f ms",
+                phase_ms[0], phase_ms[1], phase_ms[2], phase_ms[3]);
+  state.add_note("phases", phases);
   const double n = static_cast<double>(model.total_elements()), k = static_cast<double>(f->host->changed);
   state.declare(n, 2 * n * w + k * (8 + 2 * w) + 2 * file_bytes + k * (4 + 2.0 * w));
   state.add_note("file", format_bytes(file_bytes));

@@ -1,48 +1,51 @@
 // Kernels and launchers of the encode pipeline (diff + compaction + gather + shadow update).
 //
-// The tensor set is laid out in one virtual "global position" space so that a whole model is a
-// single CUB DeviceSelect, not one per tensor: tensor t occupies global positions
-// [start[t], start[t] + numel[t]) where every start is a multiple of kChunkElements. A chunk table
-// (one uint32 tensor id per chunk) turns a global position into its tensor with one load. The
-// tail of a tensor's last chunk is padding that the predicate never selects.
+// The tensor set is laid out in one virtual "global position" space: tensor t occupies global
+// positions [start[t], start[t] + numel[t]) where every start is a multiple of kChunkElements. A
+// chunk table (one uint32 tensor id per chunk) turns a chunk into its tensor with one load, and
+// every chunk holds elements of exactly one tensor (the tail of a tensor's last chunk is padding).
 //
 // Pipeline (all on one stream, one host synchronization at the end):
-//   1. select      positions g with current[g] != shadow[g] (bitwise), ascending, into a
-//                  capacity-bounded buffer (writes past capacity are dropped);
-//   2. offsets     offsets[t] = lower_bound(positions, start[t]) (positions are sorted);
-//   3. value scan  value_offsets = exclusive scan of count[t] * width[t];
-//   4. gather      positions -> local indices (in place), packed new values and base values
-//                  (the shadow's bits before), then shadow <- current.
-// Steps 2-4 do nothing when step 1 overflowed its capacity; the host then grows the buffers and
+//   1. select      one thread block per chunk, single pass with CUB's decoupled look-back:
+//                  16-byte vector loads of current and shadow, a 4096-bit changed mask in shared
+//                  memory, a block scan of per-thread popcounts whose prefix comes from the
+//                  preceding chunks, then each thread writes its changed elements' local index,
+//                  new bits and base bits (re-read from L1/L2, just loaded) at their final place.
+//                  Writes past the output capacity are dropped; the count stays exact.
+//   2. offsets     offsets[t] = the select's running count at the tensor's first chunk;
+//                  value_offsets = exclusive scan of count[t] * width[t].
+//   3. finish      O(changed): shadow <- new bits at the changed positions, and, for a set that
+//                  mixes element widths, the packing of the values per tensor (the select wrote
+//                  them at a uniform stride of the widest width, into scratch).
+// Steps 2-3 do nothing when step 1 overflowed its capacity; the host then grows the buffers and
 // reruns the pipeline. That is only correct because step 1 never modifies the shadow.
 //
-// Performance (unmeasured so far; what to look at on a GPU): steps 2-4 are O(changed elements).
-// Step 1 reads 2·N·width bytes, the floor, but evaluates the predicate once per element, on
-// CUB's blocked arrangement (each thread owns consecutive positions, so one warp-wide load is
-// strided by ITEMS_PER_THREAD·width bytes and leans on L1). For bf16 that is 4 bytes of traffic
-// per CUB item, which may leave the select bound by per-item work rather than bandwidth. The
-// planned remedy, if measurements say so: select changed 16-byte granules (one uint4 compare per
-// item, 8 bf16 elements), then expand each selected granule into its changed elements with an
-// exclusive scan of per-granule popcounts; steps 2-4 stay as they are.
+// Why this shape: the first GPU measurement (H200, 2^28 bf16, 1% changed) of a cub::DeviceSelect
+// with a per-element predicate ran at 0.18 of device-copy bandwidth, bound by per-element work.
+// Here each thread handles 32 elements with 16-byte loads, so the pass is bound by the bytes it
+// reads (2 * N * width), and nothing but the changed elements is touched a second time.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cub/agent/single_pass_scan_operators.cuh>
 #include <cub/block/block_scan.cuh>
-#include <cub/device/device_select.cuh>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/tabulate_output_iterator.h>
+#include <cuda/std/functional>
 
 #include "element_copy.cuh"
 #include "launch_config.cuh"
 
 namespace deltasync::cuda::detail {
 
-// 4096-element chunks: the padding wasted per tensor (< 4096 positions the predicate rejects
-// without touching memory) is negligible, and the chunk table costs 4 bytes per 4096 elements.
+// 4096-element chunks: one select tile each (128 threads x 32 elements). The padding wasted per
+// tensor (< 4096 positions that are never loaded) is negligible, and the chunk table costs
+// 4 bytes per 4096 elements.
 constexpr int kChunkShift = 12;
 constexpr uint64_t kChunkElements = uint64_t{1} << kChunkShift;
+constexpr int kSelectThreads = 128;
+constexpr int kElementsPerThread = 32;  // one 32-bit word of the chunk's changed mask
+static_assert(kSelectThreads * kElementsPerThread == kChunkElements);
 
 struct EncodeTensor {
   const uint8_t* current;
@@ -58,13 +61,11 @@ struct EncodeCounts {
   uint64_t value_bytes;  // sum over tensors of changed elements × width
 };
 
+// Decoupled look-back state of the select: one status word + running count per chunk.
+using SelectTileState = cub::ScanTileState<unsigned long long>;
+
 // ---------------------------------------------------------------------------------------------
 // Device helpers
-
-template <typename Word>
-__device__ __forceinline__ bool words_differ(const uint8_t* a, const uint8_t* b, uint64_t element) {
-  return reinterpret_cast<const Word*>(a)[element] != reinterpret_cast<const Word*>(b)[element];
-}
 
 // First index i in sorted [data, data + n) with data[i] >= key.
 template <typename T>
@@ -88,49 +89,220 @@ __device__ __forceinline__ uint64_t last_not_greater(const T* data, uint64_t n, 
   return lo - 1;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Select: predicate and bounded output
-
-// True where the element at global position g differs bitwise between current and shadow.
-struct ChangedAtPosition {
-  const uint32_t* chunk_tensor;
-  const EncodeTensor* tensors;
-
-  __device__ __forceinline__ bool operator()(int64_t g) const {
-    const EncodeTensor& t = tensors[chunk_tensor[static_cast<uint64_t>(g) >> kChunkShift]];
-    const uint64_t local = static_cast<uint64_t>(g) - t.start;
-    if (local >= t.numel) return false;  // padding after the tensor's last element
-    switch (t.width) {
-      case 1: return words_differ<uint8_t>(t.current, t.shadow, local);
-      case 2: return words_differ<uint16_t>(t.current, t.shadow, local);
-      default: return words_differ<uint32_t>(t.current, t.shadow, local);
+// Bit k of the result: element k of the 16-byte granule differs (elements of kWidth bytes,
+// little-endian, so element k sits in the low bytes first).
+template <int kWidth>
+__device__ __forceinline__ uint32_t granule_changed_mask(const uint4& a, const uint4& b) {
+  const uint32_t d[4] = {a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w};
+  uint32_t mask = 0;
+#pragma unroll
+  for (int word = 0; word < 4; ++word) {
+    if constexpr (kWidth == 4) {
+      mask |= uint32_t{d[word] != 0} << word;
+    } else if constexpr (kWidth == 2) {
+      mask |= (uint32_t{(d[word] & 0xFFFFu) != 0} | uint32_t{(d[word] >> 16) != 0} << 1) << (2 * word);
+    } else {
+#pragma unroll
+      for (int byte = 0; byte < 4; ++byte) mask |= uint32_t{((d[word] >> (8 * byte)) & 0xFFu) != 0} << (4 * word + byte);
     }
   }
-};
+  return mask;
+}
 
-// Output of the select: the i-th selected position goes to out[i] when i < capacity and is
-// dropped otherwise (the count is still exact, so the host can grow and rerun).
-struct StoreWithinCapacity {
-  int64_t* out;
-  int64_t capacity;
+template <int kWidth>
+__device__ __forceinline__ bool element_differs(const uint8_t* a, const uint8_t* b, uint32_t e) {
+  if constexpr (kWidth == 1) return a[e] != b[e];
+  if constexpr (kWidth == 2) return reinterpret_cast<const uint16_t*>(a)[e] != reinterpret_cast<const uint16_t*>(b)[e];
+  return reinterpret_cast<const uint32_t*>(a)[e] != reinterpret_cast<const uint32_t*>(b)[e];
+}
 
-  __device__ __forceinline__ void operator()(ptrdiff_t i, int64_t position) const {
-    if (i < capacity) out[i] = position;
+// Fills the chunk's 4096-bit changed mask (`mask_words`, 128 words in shared memory; bit e of
+// the array = element e of the chunk) for the first `n` elements (the rest read as unchanged).
+// Vector path: granule q (16 bytes, 16/kWidth elements) is loaded by thread q % 128, so every
+// warp-wide load is one contiguous 512-byte span. Needs both chunk pointers 16-byte aligned.
+template <int kWidth>
+__device__ __forceinline__ void chunk_mask_vector(const uint8_t* current, const uint8_t* shadow, uint32_t n,
+                                                  uint32_t* mask_words) {
+  constexpr int kGranuleElements = 16 / kWidth;
+  constexpr int kGranulesPerThread = int(kChunkElements) / kGranuleElements / kSelectThreads;  // 2, 4, 8
+  const auto* cur = reinterpret_cast<const uint4*>(current);
+  const auto* sha = reinterpret_cast<const uint4*>(shadow);
+  const uint32_t full_granules = n / kGranuleElements;
+  uint4 a[kGranulesPerThread], b[kGranulesPerThread];
+  // All loads first (2 x kGranulesPerThread x 16 bytes in flight per thread), then the compares.
+#pragma unroll
+  for (int j = 0; j < kGranulesPerThread; ++j) {
+    const uint32_t q = j * kSelectThreads + threadIdx.x;
+    if (q < full_granules) {
+      a[j] = cur[q];
+      b[j] = sha[q];
+    } else {
+      a[j] = b[j] = make_uint4(0, 0, 0, 0);
+    }
   }
+#pragma unroll
+  for (int j = 0; j < kGranulesPerThread; ++j) {
+    const uint32_t q = j * kSelectThreads + threadIdx.x;
+    uint32_t mask = granule_changed_mask<kWidth>(a[j], b[j]);
+    if (q == full_granules) {  // the partial granule at the end of the tensor, element by element
+      for (uint32_t e = q * kGranuleElements; e < n; ++e)
+        mask |= uint32_t{element_differs<kWidth>(current, shadow, e)} << (e - q * kGranuleElements);
+    }
+    if constexpr (kWidth == 1) {
+      reinterpret_cast<uint16_t*>(mask_words)[q] = static_cast<uint16_t>(mask);
+    } else if constexpr (kWidth == 2) {
+      reinterpret_cast<uint8_t*>(mask_words)[q] = static_cast<uint8_t>(mask);
+    } else {
+      // 4-bit masks: the even lane stores its own and its odd neighbour's (granule q + 1) as one
+      // byte. Every lane takes part in the shuffle.
+      const uint32_t neighbour = __shfl_down_sync(0xFFFFFFFFu, mask, 1);
+      if ((q & 1) == 0) reinterpret_cast<uint8_t*>(mask_words)[q / 2] = static_cast<uint8_t>(mask | neighbour << 4);
+    }
+  }
+}
+
+// Scalar path for tensors whose data is width-aligned but not 16-byte aligned (a view into a
+// flat buffer): warp-wide element loads, one ballot per 32 elements.
+template <int kWidth>
+__device__ __forceinline__ void chunk_mask_scalar(const uint8_t* current, const uint8_t* shadow, uint32_t n,
+                                                  uint32_t* mask_words) {
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll 4
+  for (uint32_t k = 0; k < kElementsPerThread; ++k) {
+    const uint32_t word = k * (kSelectThreads / 32) + warp;
+    const uint32_t e = word * 32 + lane;
+    const bool changed = e < n && element_differs<kWidth>(current, shadow, e);
+    const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, changed);
+    if (lane == 0) mask_words[word] = ballot;
+  }
+}
+
+template <int kWidth>
+__device__ __forceinline__ void chunk_mask(const uint8_t* current, const uint8_t* shadow, uint32_t n,
+                                           uint32_t* mask_words) {
+  const bool vector_aligned = ((reinterpret_cast<uintptr_t>(current) | reinterpret_cast<uintptr_t>(shadow)) & 15) == 0;
+  if (vector_aligned) chunk_mask_vector<kWidth>(current, shadow, n, mask_words);
+  else chunk_mask_scalar<kWidth>(current, shadow, n, mask_words);
+}
+
+template <int kWidth>
+__device__ __forceinline__ void store_element(uint8_t* dst, const uint8_t* src) {
+  if constexpr (kWidth == 1) *dst = *src;
+  if constexpr (kWidth == 2) *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src);
+  if constexpr (kWidth == 4) *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Select (one block per chunk)
+
+struct SelectParams {
+  const uint32_t* chunk_tensor;
+  const EncodeTensor* tensors;
+  SelectTileState tile_state;
+  uint64_t num_chunks;
+  uint64_t* chunk_prefix;  // [num_chunks]: changed elements in all chunks before chunk c
+  int64_t* indices;        // [capacity]: local index of the i-th changed element of the set
+  uint8_t* values;         // [capacity * value_stride]: its new bits, at i * value_stride
+  uint8_t* base_values;    // [capacity * value_stride]: the shadow's bits
+  uint32_t value_stride;   // the widest width of the set (= every width when they are equal)
+  int64_t capacity;
+  EncodeCounts* counts;    // num_selected written by the last chunk
 };
 
-using PositionIterator = thrust::counting_iterator<int64_t>;
-using BoundedOutput = thrust::tabulate_output_iterator<StoreWithinCapacity>;
+__global__ void init_select_tile_state_kernel(SelectTileState tile_state, int num_tiles) {
+  tile_state.InitializeStatus(num_tiles);
+}
 
-// Launcher: selects changed positions among global positions [0, num_positions). With
-// temp_storage == nullptr only sets temp_storage_bytes (CUB's two-phase protocol).
-inline cudaError_t select_changed_positions(void* temp_storage, size_t& temp_storage_bytes,
-                                            const uint32_t* chunk_tensor, const EncodeTensor* tensors,
-                                            int64_t num_positions, int64_t* positions, int64_t capacity,
-                                            int64_t* num_selected, cudaStream_t stream) {
-  return cub::DeviceSelect::If(temp_storage, temp_storage_bytes, PositionIterator(0),
-                               BoundedOutput(StoreWithinCapacity{positions, capacity}), num_selected,
-                               num_positions, ChangedAtPosition{chunk_tensor, tensors}, stream);
+template <int kWidth>
+__device__ __forceinline__ void write_changed(const SelectParams& p, uint32_t word, uint64_t first_output,
+                                              uint64_t local0, const uint8_t* current, const uint8_t* shadow) {
+  uint64_t i = first_output;
+  while (word != 0) {
+    const uint32_t bit = __ffs(word) - 1;
+    word &= word - 1;
+    if (i >= static_cast<uint64_t>(p.capacity)) return;  // overflow: dropped, the host reruns
+    const uint32_t e = threadIdx.x * kElementsPerThread + bit;
+    p.indices[i] = static_cast<int64_t>(local0 + e);
+    store_element<kWidth>(p.values + i * p.value_stride, current + e * kWidth);
+    store_element<kWidth>(p.base_values + i * p.value_stride, shadow + e * kWidth);
+    ++i;
+  }
+}
+
+template <int kWidth>
+__device__ __forceinline__ void select_chunk(const SelectParams& p, const EncodeTensor& tensor, uint64_t chunk,
+                                             uint32_t* mask_words, uint32_t& word) {
+  const uint64_t local0 = (chunk << kChunkShift) - tensor.start;
+  const uint64_t left = tensor.numel - local0;
+  const uint32_t n = left < kChunkElements ? static_cast<uint32_t>(left) : static_cast<uint32_t>(kChunkElements);
+  chunk_mask<kWidth>(tensor.current + local0 * kWidth, tensor.shadow + local0 * kWidth, n, mask_words);
+  __syncthreads();
+  word = mask_words[threadIdx.x];
+}
+
+template <int kWidth>
+__device__ __forceinline__ void write_chunk(const SelectParams& p, const EncodeTensor& tensor, uint64_t chunk,
+                                            uint32_t word, uint64_t first_output) {
+  const uint64_t local0 = (chunk << kChunkShift) - tensor.start;
+  write_changed<kWidth>(p, word, first_output, local0, tensor.current + local0 * kWidth,
+                        tensor.shadow + local0 * kWidth);
+}
+
+__global__ void __launch_bounds__(kSelectThreads) select_changed_kernel(SelectParams p) {
+  using BlockScan = cub::BlockScan<unsigned long long, kSelectThreads>;
+  using LookBack = cub::TilePrefixCallbackOp<unsigned long long, ::cuda::std::plus<>, SelectTileState>;
+  __shared__ uint32_t mask_words[kSelectThreads];
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ typename LookBack::TempStorage look_back_storage;
+
+  const int tile = static_cast<int>(blockIdx.x);
+  const uint64_t chunk = blockIdx.x;
+  const EncodeTensor tensor = p.tensors[p.chunk_tensor[chunk]];
+  uint32_t word = 0;
+  switch (tensor.width) {
+    case 1: select_chunk<1>(p, tensor, chunk, mask_words, word); break;
+    case 2: select_chunk<2>(p, tensor, chunk, mask_words, word); break;
+    default: select_chunk<4>(p, tensor, chunk, mask_words, word); break;
+  }
+  const unsigned long long count = __popc(word);
+  unsigned long long first_output = 0;
+  if (tile == 0) {
+    unsigned long long chunk_total = 0;
+    BlockScan(scan_storage).ExclusiveSum(count, first_output, chunk_total);
+    if (threadIdx.x == 0) p.tile_state.SetInclusive(0, chunk_total);
+  } else {
+    LookBack look_back(p.tile_state, look_back_storage, ::cuda::std::plus<>{}, tile);
+    BlockScan(scan_storage).ExclusiveSum(count, first_output, look_back);
+  }
+  if (threadIdx.x == 0) p.chunk_prefix[chunk] = first_output;
+  if (chunk + 1 == p.num_chunks && threadIdx.x == kSelectThreads - 1)
+    p.counts->num_selected = static_cast<int64_t>(first_output + count);
+  switch (tensor.width) {
+    case 1: write_chunk<1>(p, tensor, chunk, word, first_output); break;
+    case 2: write_chunk<2>(p, tensor, chunk, word, first_output); break;
+    default: write_chunk<4>(p, tensor, chunk, word, first_output); break;
+  }
+}
+
+// Temporary storage of the select's look-back for num_chunks tiles.
+inline cudaError_t select_tile_state_bytes(uint64_t num_chunks, size_t& bytes) {
+  return SelectTileState::AllocationSize(static_cast<int>(num_chunks), bytes);
+}
+
+// Launcher: selects the changed elements of every chunk (num_chunks >= 1, < 2^31) and writes them
+// as described in SelectParams; `tile_storage` holds select_tile_state_bytes(num_chunks) bytes.
+inline cudaError_t select_changed(SelectParams p, void* tile_storage, size_t tile_storage_bytes,
+                                  cudaStream_t stream) {
+  const int num_tiles = static_cast<int>(p.num_chunks);
+  cudaError_t err = p.tile_state.Init(num_tiles, tile_storage, tile_storage_bytes);
+  if (err != cudaSuccess) return err;
+  constexpr unsigned kInitThreads = 256;
+  init_select_tile_state_kernel<<<(num_tiles + kInitThreads - 1) / kInitThreads, kInitThreads, 0, stream>>>(
+      p.tile_state, num_tiles);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  select_changed_kernel<<<num_tiles, kSelectThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -155,17 +327,19 @@ inline cudaError_t build_chunk_table(const uint64_t* starts, uint64_t num_tensor
 }
 
 // ---------------------------------------------------------------------------------------------
-// Per-tensor offsets and value offsets
+// 2. Per-tensor offsets and value offsets
 
-__global__ void tensor_offsets_kernel(const int64_t* positions, const uint64_t* starts, uint64_t num_tensors,
-                                      const EncodeCounts* counts, int64_t capacity, uint64_t* offsets) {
+// offsets[t] = changed elements before tensor t = the running count at its first chunk (a tensor
+// without chunks -- empty -- starts where the next one does, or at the end).
+__global__ void tensor_offsets_kernel(const uint64_t* chunk_prefix, uint64_t num_chunks, const uint64_t* starts,
+                                      uint64_t num_tensors, const EncodeCounts* counts, int64_t capacity,
+                                      uint64_t* offsets) {
   const int64_t selected = counts->num_selected;
   if (selected > capacity) return;  // overflowed: the host reruns the pipeline
   for (uint64_t t = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; t <= num_tensors;
        t += uint64_t{gridDim.x} * blockDim.x) {
-    offsets[t] = t == num_tensors
-                     ? static_cast<uint64_t>(selected)
-                     : lower_bound(positions, static_cast<uint64_t>(selected), static_cast<int64_t>(starts[t]));
+    const uint64_t chunk = t < num_tensors ? starts[t] >> kChunkShift : num_chunks;
+    offsets[t] = chunk < num_chunks ? chunk_prefix[chunk] : static_cast<uint64_t>(selected);
   }
 }
 
@@ -192,12 +366,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-inline cudaError_t compute_offsets(const int64_t* positions, const uint64_t* starts, const EncodeTensor* tensors,
-                                   uint64_t num_tensors, EncodeCounts* counts, int64_t capacity, uint64_t* offsets,
-                                   uint64_t* value_offsets, int sm_count, cudaStream_t stream) {
+inline cudaError_t compute_offsets(const uint64_t* chunk_prefix, uint64_t num_chunks, const uint64_t* starts,
+                                   const EncodeTensor* tensors, uint64_t num_tensors, EncodeCounts* counts,
+                                   int64_t capacity, uint64_t* offsets, uint64_t* value_offsets, int sm_count,
+                                   cudaStream_t stream) {
   constexpr unsigned kThreads = 256;
   tensor_offsets_kernel<<<grid_for(num_tensors + 1, kThreads, sm_count), kThreads, 0, stream>>>(
-      positions, starts, num_tensors, counts, capacity, offsets);
+      chunk_prefix, num_chunks, starts, num_tensors, counts, capacity, offsets);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   value_offsets_kernel<kThreads><<<1, kThreads, 0, stream>>>(tensors, offsets, num_tensors, capacity, value_offsets,
@@ -206,39 +381,46 @@ inline cudaError_t compute_offsets(const int64_t* positions, const uint64_t* sta
 }
 
 // ---------------------------------------------------------------------------------------------
-// Gather: global positions become local indices in place; new and base values are packed; the
-// shadow catches up (after its old bits were read: each element is handled by one thread).
+// 3. Finish: the shadow catches up at the changed positions (its old bits are already in
+// base_values), and a mixed-width set has its values packed per tensor.
 
-__global__ void gather_changed_kernel(int64_t* positions_to_indices, const uint32_t* chunk_tensor,
-                                      const EncodeTensor* tensors, const uint64_t* offsets,
-                                      const uint64_t* value_offsets, const EncodeCounts* counts, int64_t capacity,
-                                      uint8_t* values, uint8_t* base_values) {
-  const int64_t selected = counts->num_selected;
-  if (selected > capacity) return;
+struct FinishParams {
+  const EncodeTensor* tensors;
+  uint64_t num_tensors;
+  const uint64_t* offsets;
+  const uint64_t* value_offsets;
+  const EncodeCounts* counts;
+  int64_t capacity;
+  const int64_t* indices;
+  const uint8_t* strided_values;       // as the select wrote them: i * value_stride
+  const uint8_t* strided_base_values;
+  uint32_t value_stride;
+  uint8_t* packed_values;              // nullptr when every width equals value_stride (already packed)
+  uint8_t* packed_base_values;
+};
+
+__global__ void finish_encode_kernel(FinishParams p) {
+  const int64_t selected = p.counts->num_selected;
+  if (selected > p.capacity) return;
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < static_cast<uint64_t>(selected);
        i += uint64_t{gridDim.x} * blockDim.x) {
-    const uint64_t g = static_cast<uint64_t>(positions_to_indices[i]);
-    const uint32_t t = chunk_tensor[g >> kChunkShift];
-    const EncodeTensor& tensor = tensors[t];
-    const uint64_t local = g - tensor.start;
-    const uint8_t* current = tensor.current + local * tensor.width;
-    uint8_t* shadow = tensor.shadow + local * tensor.width;
-    const uint64_t packed = value_offsets[t] + (i - offsets[t]) * tensor.width;
-    copy_element(current, values + packed, tensor.width);
-    copy_element(shadow, base_values + packed, tensor.width);
-    copy_element(current, shadow, tensor.width);
-    positions_to_indices[i] = static_cast<int64_t>(local);
+    const uint64_t t = last_not_greater(p.offsets, p.num_tensors, i);
+    const EncodeTensor& tensor = p.tensors[t];
+    const uint64_t local = static_cast<uint64_t>(p.indices[i]);
+    const uint8_t* value = p.strided_values + i * p.value_stride;
+    copy_element(value, tensor.shadow + local * tensor.width, tensor.width);
+    if (p.packed_values != nullptr) {
+      const uint64_t packed = p.value_offsets[t] + (i - p.offsets[t]) * tensor.width;
+      copy_element(value, p.packed_values + packed, tensor.width);
+      copy_element(p.strided_base_values + i * p.value_stride, p.packed_base_values + packed, tensor.width);
+    }
   }
 }
 
-inline cudaError_t gather_changed(int64_t* positions_to_indices, const uint32_t* chunk_tensor,
-                                  const EncodeTensor* tensors, const uint64_t* offsets, const uint64_t* value_offsets,
-                                  const EncodeCounts* counts, int64_t capacity, uint8_t* values,
-                                  uint8_t* base_values, int sm_count, cudaStream_t stream) {
-  if (capacity == 0) return cudaSuccess;
+inline cudaError_t finish_encode(const FinishParams& p, int sm_count, cudaStream_t stream) {
+  if (p.capacity == 0) return cudaSuccess;
   constexpr unsigned kThreads = 256;
-  gather_changed_kernel<<<grid_for(static_cast<uint64_t>(capacity), kThreads, sm_count), kThreads, 0, stream>>>(
-      positions_to_indices, chunk_tensor, tensors, offsets, value_offsets, counts, capacity, values, base_values);
+  finish_encode_kernel<<<grid_for(static_cast<uint64_t>(p.capacity), kThreads, sm_count), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -67,22 +67,26 @@ struct Encoder::State {
   bool have_tables = false;
   uint64_t num_tensors = 0;
   uint64_t num_chunks = 0;
-  int64_t num_positions = 0;  // num_chunks * kChunkElements
   uint64_t total_elements = 0;
   uint32_t max_width = 1;
+  bool uniform_width = true;  // every non-empty tensor has max_width: the select writes packed values
   PinnedArray<uint8_t> table_upload;  // EncodeTensor[T] then uint64_t starts[T + 1]
   cudaEvent_t upload_done = nullptr;  // recorded after the copy out of table_upload
   DeviceArray<EncodeTensor> tensors;
   DeviceArray<uint64_t> starts;
   DeviceArray<uint32_t> chunk_tensor;
-  DeviceArray<uint8_t> cub_temp;
-  size_t cub_temp_bytes = 0;
+  DeviceArray<uint8_t> tile_storage;  // the select's look-back state, one entry per chunk
+  size_t tile_storage_bytes = 0;
+  DeviceArray<uint64_t> chunk_prefix;
 
   // Outputs, sized by the largest step so far.
   int64_t capacity = 0;  // changed elements the output buffers can hold
-  DeviceArray<int64_t> indices;  // global positions from the select, local indices after gather
+  DeviceArray<int64_t> indices;  // local index of each changed element, tensor by tensor
   DeviceArray<uint8_t> values;
   DeviceArray<uint8_t> base_values;
+  // Mixed-width sets only: the select's values at a uniform stride, packed per tensor afterwards.
+  DeviceArray<uint8_t> strided_values;
+  DeviceArray<uint8_t> strided_base_values;
   DeviceArray<uint64_t> offsets;
   DeviceArray<uint64_t> value_offsets;
   DeviceArray<EncodeCounts> counts;
@@ -111,8 +115,9 @@ struct Encoder::State {
   size_t peak_workspace = 0;
 
   size_t workspace() const {
-    return tensors.bytes() + starts.bytes() + chunk_tensor.bytes() + cub_temp.bytes() + indices.bytes() +
-           values.bytes() + base_values.bytes() + offsets.bytes() + value_offsets.bytes() + counts.bytes();
+    return tensors.bytes() + starts.bytes() + chunk_tensor.bytes() + tile_storage.bytes() + chunk_prefix.bytes() +
+           indices.bytes() + values.bytes() + base_values.bytes() + strided_values.bytes() +
+           strided_base_values.bytes() + offsets.bytes() + value_offsets.bytes() + counts.bytes();
   }
   void note_workspace() { peak_workspace = std::max(peak_workspace, workspace()); }
 
@@ -136,6 +141,7 @@ cudaError_t Encoder::State::prepare_tables(std::span<const EncodeItem> items, cu
   num_tensors = items.size();
   total_elements = 0;
   max_width = 1;
+  uint32_t min_width = 4;
   const size_t tensor_bytes = num_tensors * sizeof(EncodeTensor);
   DELTASYNC_RETURN_IF_ERROR(table_upload.reserve(tensor_bytes + (num_tensors + 1) * sizeof(uint64_t)));
   auto* host_tensors = reinterpret_cast<EncodeTensor*>(table_upload.data());
@@ -148,11 +154,16 @@ cudaError_t Encoder::State::prepare_tables(std::span<const EncodeItem> items, cu
     host_starts[t] = chunk_cursor * kChunkElements;
     chunk_cursor += (item.numel + kChunkElements - 1) / kChunkElements;
     total_elements += item.numel;
-    max_width = std::max(max_width, item.width);
+    if (item.numel > 0) {
+      max_width = std::max(max_width, item.width);
+      min_width = std::min(min_width, item.width);
+    }
   }
+  uniform_width = min_width >= max_width;
   host_starts[num_tensors] = chunk_cursor * kChunkElements;
   num_chunks = chunk_cursor;
-  num_positions = static_cast<int64_t>(num_chunks * kChunkElements);
+  // The select's tiles are indexed by int (CUB's look-back): 2^31 chunks are 2^43 elements.
+  if (num_chunks >= (uint64_t{1} << 31)) throw Error("encode: more than 2^43 elements in one tensor set");
 
   DELTASYNC_RETURN_IF_ERROR(tensors.reserve(std::max<uint64_t>(num_tensors, 1)));
   DELTASYNC_RETURN_IF_ERROR(starts.reserve(num_tensors + 1));
@@ -166,13 +177,12 @@ cudaError_t Encoder::State::prepare_tables(std::span<const EncodeItem> items, cu
   DELTASYNC_RETURN_IF_ERROR(
       detail::build_chunk_table(starts.data(), num_tensors, chunk_tensor.data(), num_chunks, sm_count, stream));
 
-  // CUB's temporary storage depends only on the number of positions.
-  cub_temp_bytes = 0;
-  if (num_positions > 0) {
-    DELTASYNC_RETURN_IF_ERROR(detail::select_changed_positions(nullptr, cub_temp_bytes, chunk_tensor.data(),
-                                                               tensors.data(), num_positions, nullptr, 0, nullptr,
-                                                               stream));
-    DELTASYNC_RETURN_IF_ERROR(cub_temp.reserve(std::max<size_t>(cub_temp_bytes, 1)));
+  // The look-back state and the per-chunk running counts depend only on the number of chunks.
+  tile_storage_bytes = 0;
+  if (num_chunks > 0) {
+    DELTASYNC_RETURN_IF_ERROR(detail::select_tile_state_bytes(num_chunks, tile_storage_bytes));
+    DELTASYNC_RETURN_IF_ERROR(tile_storage.reserve(std::max<size_t>(tile_storage_bytes, 1)));
+    DELTASYNC_RETURN_IF_ERROR(chunk_prefix.reserve(num_chunks));
   }
   DELTASYNC_RETURN_IF_ERROR(offsets.reserve(num_tensors + 1));
   DELTASYNC_RETURN_IF_ERROR(value_offsets.reserve(num_tensors + 1));
@@ -196,24 +206,41 @@ cudaError_t Encoder::State::ensure_capacity(int64_t wanted) {
   // leaves them empty, and the next call's reserve allocates them again.)
   const size_t value_bytes = std::max<size_t>(static_cast<size_t>(capacity) * max_width, 1);
   DELTASYNC_RETURN_IF_ERROR(values.reserve(value_bytes));
-  return base_values.reserve(value_bytes);
+  DELTASYNC_RETURN_IF_ERROR(base_values.reserve(value_bytes));
+  if (uniform_width) return cudaSuccess;
+  DELTASYNC_RETURN_IF_ERROR(strided_values.reserve(value_bytes));
+  return strided_base_values.reserve(value_bytes);
 }
 
 cudaError_t Encoder::State::run_pipeline(cudaStream_t stream) {
-  if (num_positions > 0) {
-    size_t temp_bytes = cub_temp_bytes;
-    DELTASYNC_RETURN_IF_ERROR(detail::select_changed_positions(cub_temp.data(), temp_bytes, chunk_tensor.data(),
-                                                               tensors.data(), num_positions, indices.data(),
-                                                               capacity, &counts.data()->num_selected, stream));
+  // A uniform-width set gets its values packed straight from the select; a mixed one gets them
+  // at the widest stride in scratch, packed by the finish kernel.
+  uint8_t* select_values = uniform_width ? values.data() : strided_values.data();
+  uint8_t* select_base_values = uniform_width ? base_values.data() : strided_base_values.data();
+  if (num_chunks > 0) {
+    const detail::SelectParams select{chunk_tensor.data(), tensors.data(),       {},       num_chunks,
+                                      chunk_prefix.data(), indices.data(),       select_values,
+                                      select_base_values,  max_width,            capacity, counts.data()};
+    DELTASYNC_RETURN_IF_ERROR(detail::select_changed(select, tile_storage.data(), tile_storage_bytes, stream));
   } else {
     DELTASYNC_RETURN_IF_ERROR(cudaMemsetAsync(counts.data(), 0, sizeof(EncodeCounts), stream));
   }
-  DELTASYNC_RETURN_IF_ERROR(detail::compute_offsets(indices.data(), starts.data(), tensors.data(), num_tensors,
-                                                    counts.data(), capacity, offsets.data(), value_offsets.data(),
-                                                    sm_count, stream));
-  DELTASYNC_RETURN_IF_ERROR(detail::gather_changed(indices.data(), chunk_tensor.data(), tensors.data(),
-                                                   offsets.data(), value_offsets.data(), counts.data(), capacity,
-                                                   values.data(), base_values.data(), sm_count, stream));
+  DELTASYNC_RETURN_IF_ERROR(detail::compute_offsets(chunk_prefix.data(), num_chunks, starts.data(), tensors.data(),
+                                                    num_tensors, counts.data(), capacity, offsets.data(),
+                                                    value_offsets.data(), sm_count, stream));
+  const detail::FinishParams finish{tensors.data(),
+                                    num_tensors,
+                                    offsets.data(),
+                                    value_offsets.data(),
+                                    counts.data(),
+                                    capacity,
+                                    indices.data(),
+                                    select_values,
+                                    select_base_values,
+                                    max_width,
+                                    uniform_width ? nullptr : values.data(),
+                                    uniform_width ? nullptr : base_values.data()};
+  DELTASYNC_RETURN_IF_ERROR(detail::finish_encode(finish, sm_count, stream));
   return cudaMemcpyAsync(counts_readback.data(), counts.data(), sizeof(EncodeCounts), cudaMemcpyDeviceToHost,
                          stream);
 }
@@ -248,7 +275,8 @@ cudaError_t Encoder::encode(std::span<const EncodeItem> items, cudaStream_t stre
   s.note_workspace();
 
   // Normally one pass and one synchronization. A step with more changed elements than ever
-  // before overflows the select's output (writes dropped, count exact, shadow untouched): grow to
+  // before overflows the select's output (writes dropped, count exact, shadow untouched: only the
+  // finish kernel writes it, and it does nothing after an overflow): grow to
   // the exact count plus headroom and run again.
   for (;;) {
     DELTASYNC_RETURN_IF_ERROR(s.run_pipeline(stream));

@@ -28,7 +28,8 @@ def bits_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 def train_step(model, optimizer, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 64, (8, 5), generator=g)
+    # Drawn on the CPU (same tokens on every device), then moved to the model's device.
+    tokens = torch.randint(0, 64, (8, 5), generator=g).to(next(model.parameters()).device)
     logits = model(tokens)
     loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 64), tokens.roll(1, dims=1).reshape(-1))
     optimizer.zero_grad()

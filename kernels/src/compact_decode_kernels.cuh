@@ -1,0 +1,329 @@
+// Kernels of the GPU compact decoder, in launch order (host dispatch: compact_decoder.cu; the
+// block index has already been validated on the host):
+//   1. decode_blocks       one warp per compact block: lane 0 reads the two frequency tables,
+//                          the warp fills the 4096-slot lookup tables in shared memory and
+//                          stages the block's streams there (when they fit), lane 0 decodes
+//                          the rANS stream and the raw bits serially (positions checked
+//                          against the tensor as they are formed), then the warp gathers the base
+//                          bits at the decoded positions and applies the value symbols. A defect
+//                          is recorded in the block's fault slot and the lowest bad block index
+//                          is kept with atomicMin; a bad block never reads the base.
+//   2. check_block_order   one thread per block: a tensor's block must start after the previous
+//                          block's last position (the blocks were decoded independently).
+// The checks and their order are those of host/src/compact_codec_block.cpp (decode_block), so
+// the host can rebuild the CPU twin's message from a fault code and two numbers.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "compact_block_coder.cuh"
+
+namespace deltasync::cuda::detail {
+
+struct CompactDecodeTask {
+  const uint8_t* payload;  // the block's payload (table_bytes + rans_bytes + bits_bytes)
+  const uint8_t* base;     // the whole base tensor, numel elements of width bytes
+  int64_t* positions;      // outputs: count positions, new bits, base bits
+  uint8_t* new_bits;
+  uint8_t* base_bits;
+  uint64_t first_position;  // < numel (checked with the index)
+  uint64_t numel;
+  uint32_t count;  // >= 1 (checked with the index)
+  uint32_t table_bytes;
+  uint32_t rans_bytes;
+  uint32_t bits_bytes;
+  uint32_t width;
+  uint32_t block_in_tensor;
+};
+
+enum CompactFault : uint32_t {
+  kFaultNone = 0,
+  kFaultTableTruncated,        // "frequency table truncated"
+  kFaultTableOverlong,         // "frequency table has an overlong number"
+  kFaultTooManySymbols,        // "KIND table has A symbols (at most B)"
+  kFaultTableEmpty,            // "KIND table is empty"
+  kFaultTableExceedsScale,     // "KIND table frequencies exceed the scale"
+  kFaultTableShortOfScale,     // "KIND table frequencies do not sum to the scale"
+  kFaultTablesTrailing,        // "frequency tables have trailing bytes"
+  kFaultRansTruncated,         // "rANS stream truncated"
+  kFaultRansInitialState,      // "rANS stream has an invalid initial state"
+  kFaultRawTruncated,          // "raw bit stream truncated"
+  kFaultGapOutside,            // "gap after position A leads outside the tensor (B elements)"
+  kFaultRansTrailing,          // "rANS stream has trailing bytes or a bad final state"
+  kFaultRawTrailing,           // "raw bit stream has trailing bytes"
+};
+
+struct CompactBlockFault {
+  uint32_t code;
+  uint32_t value_table;  // for table faults: 0 gap table, 1 value table
+  uint64_t a;
+  uint64_t b;
+};
+
+inline constexpr uint32_t kNoBadBlock = 0xFFFFFFFFu;
+struct CompactDecodeStatus {
+  uint32_t first_bad_block;        // lowest block with a fault, or kNoBadBlock
+  uint32_t first_unordered_block;  // lowest block starting at or before its predecessor's last
+};
+
+namespace compact_decode {
+
+using namespace compact_coder;
+
+// Lane-0 state of one block's decode; `fault` stays kFaultNone while all is well. The streams
+// are read byte by byte (they sit in shared memory when they fit).
+struct Reader {
+  const uint8_t* rans;
+  uint32_t rans_pos, rans_end;
+  const uint8_t* bits;
+  uint64_t bits_left;     // raw bits not yet consumed
+  uint32_t byte_pos = 0;  // next raw byte to load
+  uint64_t acc = 0;       // loaded, unconsumed raw bits (nacc of them)
+  uint32_t nacc = 0;
+  uint32_t fault = kFaultNone;
+
+  // One rANS symbol on a lane; slot entry = symbol | (freq - 1) << 8 | (slot - start) << 20.
+  // The state stays in [2^11, 2^31) before renormalization on any input, because the table
+  // has start <= slot < start + freq.
+  __device__ uint32_t get_symbol(uint32_t& x, const uint32_t* slots) {
+    const uint32_t e = slots[x & (kScale - 1)];
+    x = (((e >> 8) & 0xFFFu) + 1) * (x >> kScaleBits) + (e >> 20);
+    while (x < kRansLow) {
+      if (rans_pos == rans_end) {
+        fault = kFaultRansTruncated;
+        return 0;
+      }
+      x = (x << 8) | rans[rans_pos++];
+    }
+    return e & 0xFFu;
+  }
+  // n <= 64 raw bits, LSB first; truncated exactly when fewer than n remain (as the CPU).
+  __device__ uint64_t get_bits(uint32_t n) {
+    if (n > bits_left) {
+      fault = kFaultRawTruncated;
+      return 0;
+    }
+    bits_left -= n;
+    if (n <= 32) return get_small(n);
+    const uint64_t low = get_small(32);
+    return low | (get_small(n - 32) << 32);
+  }
+  __device__ uint64_t get_small(uint32_t n) {  // n <= 32 and available
+    while (nacc < n) {
+      acc |= uint64_t{bits[byte_pos++]} << nacc;
+      nacc += 8;
+    }
+    const uint64_t v = low_bits(acc, n);
+    acc >>= n;
+    nacc -= n;
+    return v;
+  }
+};
+
+// Reads one frequency table (lane 0): num_symbols, then the frequencies; fills freq/start.
+// Returns num_symbols, or sets the fault.
+__device__ inline uint32_t get_varint(const uint8_t* p, uint32_t& at, uint32_t end, uint32_t& fault) {
+  uint32_t v = 0;
+  for (uint32_t shift = 0; shift < 35; shift += 7) {
+    if (at == end) {
+      fault = kFaultTableTruncated;
+      return 0;
+    }
+    const uint8_t b = p[at++];
+    v |= static_cast<uint32_t>(b & 0x7F) << shift;
+    if (!(b & 0x80)) return v;
+  }
+  fault = kFaultTableOverlong;
+  return 0;
+}
+
+__device__ inline uint32_t read_table(const uint8_t* p, uint32_t& at, uint32_t end, uint32_t limit, bool required,
+                                      uint16_t* freq, uint16_t* start, CompactBlockFault& f) {
+  const uint32_t num_symbols = get_varint(p, at, end, f.code);
+  if (f.code != kFaultNone) return 0;
+  if (num_symbols > limit) {
+    f = {kFaultTooManySymbols, f.value_table, num_symbols, limit};
+    return 0;
+  }
+  if (num_symbols == 0) {
+    if (required) f.code = kFaultTableEmpty;
+    return 0;
+  }
+  uint32_t acc = 0;
+  for (uint32_t s = 0; s < num_symbols; ++s) {
+    const uint32_t fr = get_varint(p, at, end, f.code);
+    if (f.code != kFaultNone) return 0;
+    if (fr > kScale - acc) {
+      f.code = kFaultTableExceedsScale;
+      return 0;
+    }
+    freq[s] = static_cast<uint16_t>(fr);
+    start[s] = static_cast<uint16_t>(acc);
+    acc += fr;
+  }
+  if (acc != kScale) {
+    f.code = kFaultTableShortOfScale;
+    return 0;
+  }
+  return num_symbols;
+}
+
+// The whole warp fills a table's 4096 slot entries (the frequencies sum to exactly 4096).
+__device__ inline void fill_slots(uint32_t num_symbols, const uint16_t* freq, const uint16_t* start, uint32_t* slots) {
+  for (uint32_t s = threadIdx.x; s < num_symbols; s += 32)
+    for (uint32_t k = 0; k < freq[s]; ++k) slots[start[s] + k] = s | (uint32_t{freq[s]} - 1) << 8 | k << 20;
+}
+
+inline constexpr unsigned kDecodeThreads = 32;
+// Largest rANS + raw-bit area staged in shared memory (beside ~34 KB of tables); a block with
+// more reads its streams from global memory instead.
+inline constexpr uint32_t kMaxStagedBytes = 160 * 1024;
+
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_blocks(const CompactDecodeTask* tasks, CompactBlockFault* faults, CompactDecodeStatus* status,
+                  uint32_t staged_capacity) {
+  extern __shared__ uint8_t staged[];
+  __shared__ uint32_t gap_slots[kScale], value_slots[kScale];
+  __shared__ uint16_t gap_freq[kGapTokens], gap_start[kGapTokens];
+  __shared__ uint16_t value_freq[kMaxValueTokens], value_start[kMaxValueTokens];
+  __shared__ uint32_t num_gap_symbols, num_value_symbols, block_fault;
+  const CompactDecodeTask task = tasks[blockIdx.x];
+  const uint32_t W = task.width;
+  CompactBlockFault fault{kFaultNone, 0, 0, 0};
+
+  // Tables (lane 0), then the slot lookups and the staged streams (whole warp).
+  if (threadIdx.x == 0) {
+    uint32_t at = 0;
+    num_gap_symbols = read_table(task.payload, at, task.table_bytes, kGapTokens, task.count > 1, gap_freq, gap_start,
+                                 fault);
+    if (fault.code == kFaultNone) {
+      fault.value_table = 1;
+      num_value_symbols = read_table(task.payload, at, task.table_bytes, value_token_limit(W), true, value_freq,
+                                     value_start, fault);
+    }
+    if (fault.code == kFaultNone && at != task.table_bytes) fault.code = kFaultTablesTrailing;
+    if (fault.code == kFaultNone && task.rans_bytes < 16) fault.code = kFaultRansTruncated;
+    block_fault = fault.code;
+  }
+  __syncwarp();
+  if (block_fault != kFaultNone) {
+    if (threadIdx.x == 0) {
+      faults[blockIdx.x] = fault;
+      atomicMin(&status->first_bad_block, blockIdx.x);
+    }
+    return;
+  }
+  fill_slots(num_gap_symbols, gap_freq, gap_start, gap_slots);
+  fill_slots(num_value_symbols, value_freq, value_start, value_slots);
+  const uint8_t* streams = task.payload + task.table_bytes;  // rANS stream, then raw bits
+  const uint64_t stream_bytes = uint64_t{task.rans_bytes} + task.bits_bytes;
+  if (stream_bytes <= staged_capacity) {
+    for (uint32_t k = threadIdx.x; k < stream_bytes; k += kDecodeThreads) staged[k] = streams[k];
+    streams = staged;
+  }
+  __syncwarp();
+
+  // Serial decode (lane 0): positions, and the value symbols parked in new_bits.
+  if (threadIdx.x == 0) {
+    Reader r{streams, 16, task.rans_bytes, streams + task.rans_bytes, uint64_t{task.bits_bytes} * 8};
+    uint32_t x0 = load_bits(streams, 4), x1 = load_bits(streams + 4, 4), x2 = load_bits(streams + 8, 4),
+             x3 = load_bits(streams + 12, 4);
+    for (const uint32_t x : {x0, x1, x2, x3})
+      if (x < kRansLow || x >= (kRansLow << 8)) r.fault = kFaultRansInitialState;
+    uint64_t position = task.first_position;
+    // Change i: gap token (i >= 1) on lane x_gap, its raw bits, the range check, then the
+    // value token on lane x_value and its raw bits -- the CPU's order, so the same first
+    // defect is found.
+    const auto change = [&](uint32_t i, uint32_t& x_gap, uint32_t& x_value) {
+      if (i > 0) {
+        const uint32_t gt = r.get_symbol(x_gap, gap_slots);
+        if (r.fault != kFaultNone) return false;
+        const uint64_t gap = token_base(gt) + r.get_bits(token_extra_bits(gt));
+        if (r.fault != kFaultNone) return false;
+        // position + 1 + gap < numel, written so that nothing can overflow.
+        if (gap >= task.numel - position - 1) {
+          fault.a = position;
+          fault.b = task.numel;
+          r.fault = kFaultGapOutside;
+          return false;
+        }
+        position += gap + 1;
+      }
+      task.positions[i] = static_cast<int64_t>(position);
+      const uint32_t vt = r.get_symbol(x_value, value_slots);
+      if (r.fault != kFaultNone) return false;
+      uint32_t symbol = vt;
+      if (vt >= 16) symbol = static_cast<uint32_t>(token_base(vt) + r.get_bits(token_extra_bits(vt)));
+      if (r.fault != kFaultNone) return false;
+      store_bits(task.new_bits + uint64_t{i} * W, symbol, W);
+      return true;
+    };
+    if (r.fault == kFaultNone && change(0, x0, x1)) {
+      // Odd changes use lanes 2 (gap) and 3 (value), even ones lanes 0 and 1.
+      for (uint32_t i = 1; i < task.count; i += 2) {
+        if (!change(i, x2, x3)) break;
+        if (i + 1 < task.count && !change(i + 1, x0, x1)) break;
+      }
+    }
+    if (r.fault == kFaultNone &&
+        (r.rans_pos != r.rans_end || x0 != kRansLow || x1 != kRansLow || x2 != kRansLow || x3 != kRansLow))
+      r.fault = kFaultRansTrailing;
+    if (r.fault == kFaultNone) {
+      // Clean end: fewer than 8 bits left, and those are zero padding.
+      const uint64_t left = r.bits_left;
+      if (left >= 8 || (left > 0 && r.get_bits(static_cast<uint32_t>(left)) != 0)) r.fault = kFaultRawTrailing;
+    }
+    fault.code = r.fault;
+    block_fault = r.fault;
+    if (r.fault != kFaultNone) {
+      faults[blockIdx.x] = fault;
+      atomicMin(&status->first_bad_block, blockIdx.x);
+    }
+  }
+  __syncwarp();
+  if (block_fault != kFaultNone) return;  // positions unchecked: the base is not read
+
+  // Gather the base bits at the (validated) positions and apply the value symbols.
+  for (uint32_t j = threadIdx.x; j < task.count; j += kDecodeThreads) {
+    const uint64_t at = uint64_t{j} * W;
+    const uint32_t old_bits = load_bits(task.base + static_cast<uint64_t>(task.positions[j]) * W, W);
+    const uint32_t symbol = load_bits(task.new_bits + at, W);
+    store_bits(task.base_bits + at, old_bits, W);
+    store_bits(task.new_bits + at, apply_value_symbol(symbol, old_bits, W), W);
+  }
+}
+
+__global__ void check_block_order(const CompactDecodeTask* tasks, uint32_t num_blocks, CompactDecodeStatus* status) {
+  const uint64_t b = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (b >= num_blocks) return;
+  const CompactDecodeTask task = tasks[b];
+  if (task.block_in_tensor == 0) return;
+  // Block b - 1 belongs to the same tensor and its outputs sit right before this block's.
+  if (task.positions[0] <= task.positions[-1]) atomicMin(&status->first_unordered_block, static_cast<uint32_t>(b));
+}
+
+}  // namespace compact_decode
+
+// Launchers: all on `stream`, no synchronization. `status` must hold kNoBadBlock in both words.
+// `largest_streams`: the most rANS + raw-bit bytes of any block (staged in shared memory up to
+// kMaxStagedBytes).
+inline cudaError_t launch_compact_decode(const CompactDecodeTask* tasks, uint32_t num_blocks, uint64_t largest_streams,
+                                         CompactBlockFault* faults, CompactDecodeStatus* status, cudaStream_t stream) {
+  if (num_blocks == 0) return cudaSuccess;
+  const uint32_t staged = static_cast<uint32_t>(
+      largest_streams < compact_decode::kMaxStagedBytes ? largest_streams : compact_decode::kMaxStagedBytes);
+  cudaError_t err = cudaFuncSetAttribute(compact_decode::decode_blocks, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(staged));
+  if (err != cudaSuccess) return err;
+  compact_decode::decode_blocks<<<num_blocks, compact_decode::kDecodeThreads, staged, stream>>>(tasks, faults, status,
+                                                                                              staged);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  constexpr unsigned kThreads = 128;
+  compact_decode::check_block_order<<<(num_blocks + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      tasks, num_blocks, status);
+  return cudaGetLastError();
+}
+
+}  // namespace deltasync::cuda::detail

@@ -1,0 +1,176 @@
+// Host dispatch of the GPU compact encoder (kernels: compact_encode_kernels.cuh). Plans the
+// blocks on the host from the per-tensor offsets (the only thing it reads before encoding),
+// encodes every block on the device, scans the block sizes with CUB, writes the block index and
+// gathers the payloads on the device, and downloads the result. Every buffer is reused across
+// calls and only grows; each call ends synchronized, so growing never races a queued kernel.
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "compact_encode_kernels.cuh"
+#include "deltasync/cuda/compact.hpp"
+#include "deltasync/cuda/engine.hpp"
+#include "deltasync/error.hpp"
+#include "device_buffers.cuh"
+#include "nvtx_ranges.cuh"
+
+namespace deltasync::cuda {
+
+using detail::CompactBlockSizes;
+using detail::CompactEncodeTask;
+using detail::CompactScratchLayout;
+using detail::DeviceArray;
+using detail::PinnedArray;
+
+struct CompactEncoder::State {
+  PinnedArray<uint64_t> offsets_host;  // offsets then value_offsets (2 * (T + 1))
+  PinnedArray<CompactEncodeTask> tasks_host;
+  DeviceArray<CompactEncodeTask> tasks;
+  DeviceArray<uint8_t> scratch;
+  DeviceArray<CompactBlockSizes> sizes;
+  DeviceArray<uint64_t> block_bytes;      // num_blocks + 1 (the last is 0, so the scan yields the total)
+  DeviceArray<uint64_t> payload_offsets;  // num_blocks + 1
+  PinnedArray<uint64_t> payload_offsets_host;
+  DeviceArray<uint8_t> cub_temp;
+  DeviceArray<uint8_t> index;
+  DeviceArray<uint8_t> payload;
+  PinnedArray<uint8_t> download;  // index bytes, then payload bytes
+};
+
+CompactEncoder::CompactEncoder() : state_(new State) {}
+CompactEncoder::~CompactEncoder() { delete state_; }
+
+size_t CompactEncoder::workspace_bytes() const {
+  const State& s = *state_;
+  return s.tasks.bytes() + s.scratch.bytes() + s.sizes.bytes() + s.block_bytes.bytes() + s.payload_offsets.bytes() +
+         s.cub_temp.bytes() + s.index.bytes() + s.payload.bytes();
+}
+
+std::vector<compact::EncodedTensor> CompactEncoder::encode(std::span<const TensorMeta> tensors,
+                                                           const DeviceDeltaView& delta, cudaStream_t stream,
+                                                           const compact::Options& options) {
+  detail::scoped_range range{"compact encode"};
+  State& s = *state_;
+  // Checks and messages of compact::encode(), in its order.
+  if (options.block_elements == 0 || options.block_elements > (1u << 24))
+    throw Error("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
+  if (delta.num_tensors != tensors.size())
+    throw Error("compact: delta has " + std::to_string(delta.num_tensors) + " tensors, model has " +
+                std::to_string(tensors.size()));
+  if (tensors.empty()) return {};
+  const size_t T = tensors.size();
+
+  // Sync 1: the offsets, to plan the blocks.
+  check(s.offsets_host.reserve(2 * (T + 1)), "compact encode: allocate");
+  uint64_t* offsets = s.offsets_host.data();
+  uint64_t* value_offsets = offsets + T + 1;
+  check(cudaMemcpyAsync(offsets, delta.offsets, (T + 1) * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream),
+        "compact encode: read offsets");
+  check(cudaMemcpyAsync(value_offsets, delta.value_offsets, (T + 1) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                        stream),
+        "compact encode: read offsets");
+  check(cudaStreamSynchronize(stream), "compact encode: synchronize");
+  if (offsets[T] > 0 && delta.base_values == nullptr)
+    throw Error("compact: delta lacks the base values the compact format encodes against");
+
+  std::vector<CompactEncodeTask> tasks;
+  std::vector<size_t> first_task(T + 1, 0);
+  std::vector<uint64_t> index_offset(T + 1, 0);
+  uint64_t scratch_bytes = 0;
+  for (size_t t = 0; t < T; ++t) {
+    first_task[t] = tasks.size();
+    index_offset[t + 1] = index_offset[t];
+    const uint64_t n = offsets[t + 1] - offsets[t];
+    const uint32_t width = tensors[t].width();
+    if (n == 0) continue;
+    if (width != 1 && width != 2 && width != 4)
+      throw Error("compact: tensor " + tensors[t].name + ": unsupported element width " + std::to_string(width));
+    if (value_offsets[t + 1] - value_offsets[t] != n * width)
+      throw Error("compact: tensor " + tensors[t].name + ": value bytes do not match " + std::to_string(n) +
+                  " changes of width " + std::to_string(width));
+    const uint64_t num_blocks = (n + options.block_elements - 1) / options.block_elements;
+    if (tasks.size() + num_blocks >= (uint64_t{1} << 31)) throw Error("compact encode: more than 2^31 blocks");
+    index_offset[t + 1] = index_offset[t] + detail::compact_coder::kIndexHeaderBytes +
+                          num_blocks * detail::compact_coder::kRecordBytes;
+    const auto first_block = static_cast<uint32_t>(tasks.size());
+    for (uint64_t b = 0; b < num_blocks; ++b) {
+      const uint64_t first = b * options.block_elements;
+      const auto count = static_cast<uint32_t>(std::min<uint64_t>(options.block_elements, n - first));
+      const uint64_t at = offsets[t] + first;
+      const uint64_t byte_at = value_offsets[t] + first * width;
+      tasks.push_back(CompactEncodeTask{delta.indices + at, delta.values + byte_at, delta.base_values + byte_at,
+                                        scratch_bytes, index_offset[t], n, count, width, static_cast<uint32_t>(b),
+                                        static_cast<uint32_t>(num_blocks), first_block, options.block_elements});
+      scratch_bytes += CompactScratchLayout::for_count(count).total;
+    }
+  }
+  first_task[T] = tasks.size();
+  const auto num_blocks = static_cast<uint32_t>(tasks.size());
+  if (num_blocks == 0) return {};
+  const uint64_t index_bytes = index_offset[T];
+
+  size_t cub_bytes = 0;
+  check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, s.block_bytes.data(), s.payload_offsets.data(),
+                                      static_cast<int64_t>(num_blocks) + 1, stream),
+        "compact encode: scan size");
+  for (cudaError_t err :
+       {s.tasks_host.reserve(num_blocks), s.tasks.reserve(num_blocks), s.scratch.reserve(scratch_bytes),
+        s.sizes.reserve(num_blocks), s.block_bytes.reserve(num_blocks + 1), s.payload_offsets.reserve(num_blocks + 1),
+        s.payload_offsets_host.reserve(num_blocks + 1), s.cub_temp.reserve(std::max<size_t>(cub_bytes, 1)),
+        s.index.reserve(index_bytes)})
+    check(err, "compact encode: allocate");
+  std::memcpy(s.tasks_host.data(), tasks.data(), tasks.size() * sizeof(CompactEncodeTask));
+
+  // Encode, scan, index, gather; sync 2: the payload offsets, to size the download.
+  check(cudaMemcpyAsync(s.tasks.data(), s.tasks_host.data(), tasks.size() * sizeof(CompactEncodeTask),
+                        cudaMemcpyHostToDevice, stream),
+        "compact encode: upload tasks");
+  check(cudaMemsetAsync(s.block_bytes.data() + num_blocks, 0, sizeof(uint64_t), stream), "compact encode: memset");
+  check(detail::launch_compact_encode_blocks(s.tasks.data(), num_blocks, s.scratch.data(), s.sizes.data(),
+                                             s.block_bytes.data(), stream),
+        "compact encode: encode blocks");
+  check(cub::DeviceScan::ExclusiveSum(s.cub_temp.data(), cub_bytes, s.block_bytes.data(), s.payload_offsets.data(),
+                                      static_cast<int64_t>(num_blocks) + 1, stream),
+        "compact encode: scan");
+  check(detail::launch_compact_write_index(s.tasks.data(), s.sizes.data(), s.payload_offsets.data(), num_blocks,
+                                           s.index.data(), stream),
+        "compact encode: write index");
+  check(cudaMemcpyAsync(s.payload_offsets_host.data(), s.payload_offsets.data(), (num_blocks + 1) * sizeof(uint64_t),
+                        cudaMemcpyDeviceToHost, stream),
+        "compact encode: read sizes");
+  check(cudaStreamSynchronize(stream), "compact encode: synchronize");
+  const uint64_t* payload_offsets = s.payload_offsets_host.data();
+  const uint64_t payload_bytes = payload_offsets[num_blocks];
+
+  // Sync 3: gather into place and download index and payloads in two copies.
+  for (cudaError_t err : {s.payload.reserve(std::max<uint64_t>(payload_bytes, 1)),
+                          s.download.reserve(index_bytes + payload_bytes)})
+    check(err, "compact encode: allocate");
+  check(detail::launch_compact_gather_payload(s.tasks.data(), s.sizes.data(), num_blocks, s.scratch.data(),
+                                              s.payload_offsets.data(), s.payload.data(), stream),
+        "compact encode: gather payload");
+  check(cudaMemcpyAsync(s.download.data(), s.index.data(), index_bytes, cudaMemcpyDeviceToHost, stream),
+        "compact encode: download");
+  check(cudaMemcpyAsync(s.download.data() + index_bytes, s.payload.data(), payload_bytes, cudaMemcpyDeviceToHost,
+                        stream),
+        "compact encode: download");
+  check(cudaStreamSynchronize(stream), "compact encode: synchronize");
+
+  std::vector<compact::EncodedTensor> out;
+  const uint8_t* index_host = s.download.data();
+  const uint8_t* payload_host = s.download.data() + index_bytes;
+  for (size_t t = 0; t < T; ++t) {
+    if (first_task[t] == first_task[t + 1]) continue;
+    compact::EncodedTensor& e = out.emplace_back();
+    e.name = tensors[t].name;
+    e.changed = offsets[t + 1] - offsets[t];
+    e.block_index.assign(index_host + index_offset[t], index_host + index_offset[t + 1]);
+    e.payload.assign(payload_host + payload_offsets[first_task[t]], payload_host + payload_offsets[first_task[t + 1]]);
+  }
+  return out;
+}
+
+}  // namespace deltasync::cuda

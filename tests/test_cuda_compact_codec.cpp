@@ -1,0 +1,733 @@
+// The GPU compact codec against its CPU twin (compact_codec.hpp), byte for byte: encode writes
+// the same .cindex/.cdata bytes for every width, density, kind of change and block size; decode
+// returns the same positions, new bits and base bits, which cuda::Applier turns into the new
+// weights; and every corrupt payload is refused with the CPU twin's exact message, leaving the
+// base as it was. Every test skips where no CUDA device exists.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "deltasync/compact_codec.hpp"
+#include "deltasync/cpu_engine.hpp"
+#include "deltasync/cuda/compact.hpp"
+#include "deltasync/cuda/engine.hpp"
+#include "deltasync/error.hpp"
+#include "deltasync/training_sim.hpp"
+
+namespace ds = deltasync;
+namespace compact = deltasync::compact;
+namespace cuda = deltasync::cuda;
+
+namespace {
+
+// ---- device memory ----------------------------------------------------------------------------
+
+class DeviceBytes {
+ public:
+  explicit DeviceBytes(size_t size = 0) : size_(size) {
+    if (size_ > 0) cuda::check(cudaMalloc(&data_, size_), "test cudaMalloc");
+  }
+  explicit DeviceBytes(std::span<const uint8_t> host) : DeviceBytes(host.size()) {
+    if (size_ > 0) cuda::check(cudaMemcpy(data_, host.data(), size_, cudaMemcpyHostToDevice), "test upload");
+  }
+  ~DeviceBytes() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  DeviceBytes(DeviceBytes&& other) noexcept : data_(other.data_), size_(other.size_) {
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+
+  std::vector<uint8_t> download(size_t bytes) const {
+    std::vector<uint8_t> host(bytes);
+    if (bytes > 0) cuda::check(cudaMemcpy(host.data(), data_, bytes, cudaMemcpyDeviceToHost), "test download");
+    return host;
+  }
+  std::vector<uint8_t> download() const { return download(size_); }
+  uint8_t* get() const { return static_cast<uint8_t*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+template <typename T>
+std::span<const uint8_t> bytes_of(const std::vector<T>& v) {
+  return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(T)};
+}
+
+template <typename T>
+std::vector<T> download_as(const void* device, size_t count) {
+  std::vector<T> host(count);
+  if (count > 0) cuda::check(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost), "test download");
+  return host;
+}
+
+// A SparseDelta copied to the device, viewed the way cuda::Encoder's outputs are.
+struct DeviceDelta {
+  DeviceBytes offsets, value_offsets, indices, values, base_values;
+  uint64_t num_tensors;
+  explicit DeviceDelta(const ds::SparseDelta& d)
+      : offsets(bytes_of(d.offsets)),
+        value_offsets(bytes_of(d.value_offsets)),
+        indices(bytes_of(d.indices)),
+        values(bytes_of(d.values)),
+        base_values(bytes_of(d.base_values)),
+        num_tensors(d.offsets.empty() ? 0 : d.offsets.size() - 1) {}
+  cuda::DeviceDeltaView view() const {
+    return {num_tensors,
+            reinterpret_cast<const uint64_t*>(offsets.get()),
+            reinterpret_cast<const uint64_t*>(value_offsets.get()),
+            reinterpret_cast<const int64_t*>(indices.get()),
+            values.get(),
+            base_values.get()};
+  }
+};
+
+// ---- models and change sets -------------------------------------------------------------------
+
+struct Model {
+  std::vector<ds::TensorMeta> meta;
+  std::vector<std::vector<uint8_t>> base, current;
+  ds::SparseDelta delta;
+
+  void add(std::string name, ds::DType dtype, uint64_t numel) {
+    meta.push_back({std::move(name), dtype, {numel}});
+    base.emplace_back(numel * ds::dtype_width(dtype));
+    current.emplace_back(numel * ds::dtype_width(dtype));
+  }
+  void encode() {  // CPU encode against a copy of the base
+    std::vector<std::vector<uint8_t>> shadow = base;
+    std::vector<ds::EncodeItem> items;
+    for (size_t t = 0; t < meta.size(); ++t)
+      items.push_back({meta[t].name, current[t].data(), shadow[t].data(), meta[t].numel(), meta[t].width()});
+    ds::cpu::encode(items, delta);
+  }
+  std::vector<ds::ConstTensorRef> base_refs() const {
+    std::vector<ds::ConstTensorRef> refs;
+    for (size_t t = 0; t < meta.size(); ++t) refs.push_back({meta[t].name, base[t].data(), meta[t].numel(), meta[t].width()});
+    return refs;
+  }
+};
+
+uint32_t load(const std::vector<uint8_t>& bytes, uint64_t i, uint32_t w) {
+  uint32_t v = 0;
+  std::memcpy(&v, bytes.data() + i * w, w);
+  return v;
+}
+void store(std::vector<uint8_t>& bytes, uint64_t i, uint32_t w, uint32_t v) { std::memcpy(bytes.data() + i * w, &v, w); }
+
+// Weight-like floats (with exact ±0), or any bits at all (NaN payloads, infinities).
+void fill_base(std::vector<uint8_t>& bytes, uint32_t w, std::mt19937_64& rng, bool any_bits) {
+  for (uint64_t i = 0; i < bytes.size() / w; ++i) {
+    uint32_t v = static_cast<uint32_t>(rng());
+    if (!any_bits && w >= 2) {
+      const float f = (rng() % 50 == 0) ? 0.0f : std::ldexp(1.0f + (rng() % 1000) / 1000.0f, -6 - int(rng() % 6));
+      uint32_t f32;
+      std::memcpy(&f32, &f, 4);
+      if (rng() & 1) f32 |= 0x80000000u;
+      v = w == 4 ? f32 : (f32 >> 16);
+    }
+    store(bytes, i, w, v & compact::width_mask(w));
+  }
+}
+
+enum class Change { Ulp, Random, SignFlip };
+
+void make_changes(Model& m, size_t t, double density, Change kind, std::mt19937_64& rng) {
+  const uint32_t w = m.meta[t].width();
+  m.current[t] = m.base[t];
+  std::bernoulli_distribution pick(density);
+  for (uint64_t i = 0; i < m.meta[t].numel(); ++i) {
+    if (!pick(rng)) continue;
+    const uint32_t old = load(m.base[t], i, w);
+    uint32_t v = old;
+    switch (kind) {
+      case Change::Ulp: {
+        const int step = (rng() & 1 ? 1 : -1) * (rng() % 8 == 0 ? 2 : 1);
+        v = compact::from_ordered((compact::to_ordered(old, w) + static_cast<uint32_t>(step)) & compact::width_mask(w), w);
+        break;
+      }
+      case Change::Random: v = static_cast<uint32_t>(rng()) & compact::width_mask(w); break;
+      case Change::SignFlip: v = old ^ (1u << (8 * w - 1)); break;
+    }
+    if (v == old) v ^= 1;
+    store(m.current[t], i, w, v);
+  }
+}
+
+const ds::DType kOneOfEachWidth[] = {ds::DType::F8_E4M3, ds::DType::BF16, ds::DType::F32};
+
+// ---- the two codecs ---------------------------------------------------------------------------
+
+std::vector<compact::EncodedTensorView> views_of(const std::vector<compact::EncodedTensor>& encoded) {
+  std::vector<compact::EncodedTensorView> views;
+  for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload});
+  return views;
+}
+
+// A decode's outcome: the error message, or the decoded arrays.
+struct Outcome {
+  std::string error;
+  ds::SparseDelta storage;
+};
+
+Outcome cpu_decode(std::span<const compact::EncodedTensorView> views, const Model& m, const std::string& label) {
+  Outcome out;
+  compact::DecodedDelta decoded;
+  compact::Options serial;
+  serial.parallel = false;  // the first bad block in block order, like the GPU's lowest bad block
+  const auto refs = m.base_refs();
+  try {
+    compact::decode(views, m.meta, refs, label, decoded, serial);
+    out.storage = decoded.storage;
+  } catch (const ds::Error& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+class CudaCompactCodec : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    cuda::check(cudaStreamCreate(&stream_), "test stream");
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  std::vector<compact::EncodedTensor> gpu_encode(const Model& m, const ds::SparseDelta& delta, uint32_t block) {
+    DeviceDelta device(delta);
+    compact::Options options;
+    options.block_elements = block;
+    return encoder_.encode(m.meta, device.view(), stream_, options);
+  }
+
+  // Decodes on the GPU against a device copy of the base; checks the base was not written.
+  Outcome gpu_decode(std::span<const compact::EncodedTensorView> views, const Model& m, const std::string& label) {
+    std::vector<DeviceBytes> base;
+    std::vector<ds::ConstTensorRef> refs;
+    for (size_t t = 0; t < m.meta.size(); ++t) {
+      base.emplace_back(std::span<const uint8_t>(m.base[t]));
+      refs.push_back({m.meta[t].name, base.back().get(), m.meta[t].numel(), m.meta[t].width()});
+    }
+    Outcome out;
+    try {
+      const cuda::DeviceDecodedDelta& d = decoder_.decode(views, m.meta, refs, label, stream_);
+      out.storage.offsets = d.offsets;
+      out.storage.value_offsets = d.value_offsets;
+      out.storage.indices = download_as<int64_t>(d.indices, d.offsets.back());
+      out.storage.values = download_as<uint8_t>(d.values, d.value_offsets.back());
+      out.storage.base_values = download_as<uint8_t>(d.base_values, d.value_offsets.back());
+    } catch (const ds::Error& e) {
+      out.error = e.what();
+    }
+    for (size_t t = 0; t < m.meta.size(); ++t) EXPECT_EQ(base[t].download(), m.base[t]) << "base written: " << m.meta[t].name;
+    return out;
+  }
+
+  // Encode on both, same bytes; decode on both, same arrays; apply the GPU decode with
+  // cuda::Applier and get the current weights.
+  void expect_codecs_agree(Model& m, uint32_t block) {
+    m.encode();
+    compact::Options options;
+    options.block_elements = block;
+    const auto cpu = compact::encode(m.meta, m.delta.view(), options);
+    const auto gpu = gpu_encode(m, m.delta, block);
+    ASSERT_EQ(gpu.size(), cpu.size());
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_EQ(gpu[i].name, cpu[i].name);
+      EXPECT_EQ(gpu[i].changed, cpu[i].changed);
+      EXPECT_EQ(gpu[i].block_index, cpu[i].block_index) << cpu[i].name;
+      EXPECT_EQ(gpu[i].payload, cpu[i].payload) << cpu[i].name;
+    }
+
+    const auto views = views_of(cpu);
+    const Outcome want = cpu_decode(views, m, "mem");
+    ASSERT_EQ(want.error, "");
+    // Decode and apply on the device.
+    std::vector<DeviceBytes> target;
+    std::vector<ds::ConstTensorRef> base_refs;
+    std::vector<ds::TensorRef> targets;
+    for (size_t t = 0; t < m.meta.size(); ++t) {
+      target.emplace_back(std::span<const uint8_t>(m.base[t]));
+      base_refs.push_back({m.meta[t].name, target.back().get(), m.meta[t].numel(), m.meta[t].width()});
+      targets.push_back({m.meta[t].name, target.back().get(), m.meta[t].numel(), m.meta[t].width()});
+    }
+    const cuda::DeviceDecodedDelta& d = decoder_.decode(views, m.meta, base_refs, "mem", stream_);
+    EXPECT_EQ(d.offsets, want.storage.offsets);
+    EXPECT_EQ(d.value_offsets, want.storage.value_offsets);
+    EXPECT_EQ(download_as<int64_t>(d.indices, d.offsets.back()), want.storage.indices);
+    EXPECT_EQ(download_as<uint8_t>(d.values, d.value_offsets.back()), want.storage.values);
+    EXPECT_EQ(download_as<uint8_t>(d.base_values, d.value_offsets.back()), want.storage.base_values);
+    cuda::Applier applier;
+    applier.apply_checked(targets, d.patches(m.meta), stream_);
+    for (size_t t = 0; t < m.meta.size(); ++t) EXPECT_EQ(target[t].download(), m.current[t]) << m.meta[t].name;
+  }
+
+  cudaStream_t stream_ = nullptr;
+  cuda::CompactEncoder encoder_;
+  cuda::CompactDecoder decoder_;
+};
+
+// ---- encode and decode agree with the CPU ---------------------------------------------------
+
+TEST_F(CudaCompactCodec, EveryWidthDensityAndChangeKind) {
+  std::mt19937_64 rng(1234);
+  for (ds::DType dtype : kOneOfEachWidth) {
+    for (double density : {0.001, 0.01, 0.3, 1.0}) {
+      for (Change kind : {Change::Ulp, Change::Random, Change::SignFlip}) {
+        Model m;
+        m.add("w", dtype, 20000);
+        m.add("empty", dtype, 0);
+        m.add("norm", dtype, 257);
+        for (size_t t = 0; t < m.meta.size(); ++t) {
+          fill_base(m.base[t], m.meta[t].width(), rng, kind == Change::Random);
+          make_changes(m, t, density, kind, rng);
+        }
+        SCOPED_TRACE(std::string(ds::dtype_name(dtype)) + " density " + std::to_string(density) + " kind " +
+                     std::to_string(int(kind)));
+        expect_codecs_agree(m, 1000);
+      }
+    }
+  }
+}
+
+TEST_F(CudaCompactCodec, BlockBoundaries) {
+  std::mt19937_64 rng(99);
+  for (uint32_t block : {1u, 2u, 3u, 7u, 64u, 16384u}) {
+    for (uint64_t changes : {uint64_t{1}, uint64_t{block}, uint64_t{block} + 1, 2 * uint64_t{block} + 1}) {
+      Model m;
+      m.add("a", ds::DType::BF16, 3 * changes + 5);
+      fill_base(m.base[0], 2, rng, false);
+      m.current[0] = m.base[0];
+      // Changes at 0, 3, 6, ...: the first element is changed, gaps are small.
+      for (uint64_t i = 0; i < changes; ++i) store(m.current[0], 3 * i, 2, load(m.base[0], 3 * i, 2) ^ 0x0001);
+      SCOPED_TRACE("block " + std::to_string(block) + " changes " + std::to_string(changes));
+      expect_codecs_agree(m, block);
+    }
+  }
+}
+
+TEST_F(CudaCompactCodec, AdjacentFirstLastZerosAndNaNs) {
+  std::mt19937_64 rng(5);
+  for (ds::DType dtype : kOneOfEachWidth) {
+    const uint32_t w = ds::dtype_width(dtype);
+    Model m;
+    m.add("all", dtype, 5000);     // every element changed: all gaps 0
+    m.add("ends", dtype, 70001);   // first and last only: the largest gap of the tensor
+    m.add("special", dtype, 64);   // ±0 and NaN patterns in both directions
+    fill_base(m.base[0], w, rng, true);
+    fill_base(m.base[1], w, rng, false);
+    m.current[0] = m.base[0];
+    for (uint64_t i = 0; i < 5000; ++i) store(m.current[0], i, w, load(m.base[0], i, w) ^ 1u);
+    m.current[1] = m.base[1];
+    store(m.current[1], 0, w, load(m.base[1], 0, w) ^ (1u << (8 * w - 1)));
+    store(m.current[1], 70000, w, load(m.base[1], 70000, w) ^ 3u);
+    const uint32_t sign = 1u << (8 * w - 1);
+    const uint32_t nan = w == 1 ? 0x7F : w == 2 ? 0x7FC0 : 0x7FC00000u;
+    const uint32_t patterns[] = {0, sign, nan, nan | sign, nan | 1, compact::width_mask(w), 1, sign | 1};
+    for (uint64_t i = 0; i < 64; ++i) {
+      store(m.base[2], i, w, patterns[i % 8]);
+      store(m.current[2], i, w, patterns[(i / 8 + i + 1) % 8] == patterns[i % 8] ? patterns[(i + 1) % 8]
+                                                                                   : patterns[(i / 8 + i + 1) % 8]);
+    }
+    SCOPED_TRACE(std::string(ds::dtype_name(dtype)));
+    expect_codecs_agree(m, 1000);
+    expect_codecs_agree(m, compact::kDefaultBlockElements);
+  }
+}
+
+TEST_F(CudaCompactCodec, DefaultBlocksOnALargerTensor) {
+  std::mt19937_64 rng(77);
+  Model m;
+  m.add("big", ds::DType::BF16, 3'000'000);  // ~30K changes: two full blocks and a partial one
+  m.add("small", ds::DType::F32, 1000);
+  fill_base(m.base[0], 2, rng, false);
+  fill_base(m.base[1], 4, rng, false);
+  make_changes(m, 0, 0.012, Change::Ulp, rng);
+  make_changes(m, 1, 0.05, Change::Random, rng);
+  expect_codecs_agree(m, compact::kDefaultBlockElements);
+}
+
+TEST_F(CudaCompactCodec, HugeBlocksReadTheirStreamsFromGlobalMemory) {
+  // One block of ~200K random F32 changes: ~1 MB of rANS and raw bits, more than the decoder
+  // stages in shared memory, so its streams are read in place.
+  std::mt19937_64 rng(8);
+  Model m;
+  m.add("wide", ds::DType::F32, 400'000);
+  fill_base(m.base[0], 4, rng, true);
+  make_changes(m, 0, 0.5, Change::Random, rng);
+  expect_codecs_agree(m, 1u << 20);
+}
+
+TEST_F(CudaCompactCodec, RealisticAdamWSteps) {
+  ds::sim::ModelShape shape;
+  shape.vocab = 1024;
+  shape.hidden = 256;
+  shape.intermediate = 704;
+  shape.layers = 2;
+  shape.kv_heads_dim = 128;
+  ds::sim::TrainingSim sim(shape, 42);
+  ds::sim::AdamW opt;
+  opt.lr = 3e-6;
+  for (int step = 0; step < 3; ++step) {
+    Model m;
+    for (size_t t = 0; t < sim.tensors().size(); ++t) {
+      const ds::TensorMeta& meta = sim.tensors()[t];
+      m.add(meta.name, meta.dtype, meta.numel());
+      std::memcpy(m.base[t].data(), sim.bf16(t), m.base[t].size());
+    }
+    sim.step(opt);
+    for (size_t t = 0; t < m.meta.size(); ++t) std::memcpy(m.current[t].data(), sim.bf16(t), m.current[t].size());
+    SCOPED_TRACE("step " + std::to_string(step));
+    expect_codecs_agree(m, compact::kDefaultBlockElements);
+  }
+}
+
+TEST_F(CudaCompactCodec, EncodesDirectlyFromTheCudaEncoder) {
+  std::mt19937_64 rng(31);
+  Model m;
+  m.add("a", ds::DType::BF16, 200'000);
+  m.add("b", ds::DType::F8_E5M2, 5000);
+  m.add("c", ds::DType::F32, 40'000);
+  for (size_t t = 0; t < m.meta.size(); ++t) {
+    fill_base(m.base[t], m.meta[t].width(), rng, false);
+    make_changes(m, t, 0.02, Change::Ulp, rng);
+  }
+  m.encode();
+  std::vector<DeviceBytes> current, shadow;
+  std::vector<ds::EncodeItem> items;
+  for (size_t t = 0; t < m.meta.size(); ++t) {
+    current.emplace_back(std::span<const uint8_t>(m.current[t]));
+    shadow.emplace_back(std::span<const uint8_t>(m.base[t]));
+    items.push_back({m.meta[t].name, current.back().get(), shadow.back().get(), m.meta[t].numel(), m.meta[t].width()});
+  }
+  cuda::Encoder diff;
+  cuda::check(diff.encode(items, stream_), "test encode");
+  const cuda::DeviceDeltaView view{diff.num_tensors(),        diff.device_offsets(), diff.device_value_offsets(),
+                                   diff.device_indices(),     diff.device_values(),  diff.device_base_values()};
+  compact::Options options;
+  options.block_elements = 1500;
+  const auto gpu = encoder_.encode(m.meta, view, stream_, options);
+  const auto cpu = compact::encode(m.meta, m.delta.view(), options);
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_EQ(gpu[i].block_index, cpu[i].block_index) << cpu[i].name;
+    EXPECT_EQ(gpu[i].payload, cpu[i].payload) << cpu[i].name;
+  }
+}
+
+TEST_F(CudaCompactCodec, PositionsBeyondTwoToThe32) {
+  // Encode needs no tensor memory: a synthetic change set on a 2^41-element tensor, with gaps
+  // that need up to 61 raw bits' worth of tokens.
+  for (ds::DType dtype : kOneOfEachWidth) {
+    const uint32_t w = ds::dtype_width(dtype);
+    Model m;
+    m.meta.push_back({"huge", dtype, {uint64_t{1} << 41}});
+    const std::vector<int64_t> positions = {0, 1, (int64_t{1} << 32) + 5, (int64_t{1} << 32) + 6, int64_t{1} << 40,
+                                            (int64_t{1} << 41) - 1};
+    ds::SparseDelta& d = m.delta;
+    d.offsets = {0, positions.size()};
+    d.value_offsets = {0, positions.size() * w};
+    d.indices = positions;
+    d.values.resize(positions.size() * w);
+    d.base_values.resize(positions.size() * w);
+    for (size_t i = 0; i < d.values.size(); ++i) {
+      d.values[i] = static_cast<uint8_t>(37 * i + 1);
+      d.base_values[i] = static_cast<uint8_t>(11 * i);
+    }
+    for (uint32_t block : {1u, 4u, 16384u}) {
+      compact::Options options;
+      options.block_elements = block;
+      const auto cpu = compact::encode(m.meta, d.view(), options);
+      const auto gpu = gpu_encode(m, d, block);
+      ASSERT_EQ(gpu.size(), 1u);
+      EXPECT_EQ(gpu[0].block_index, cpu[0].block_index) << ds::dtype_name(dtype) << " block " << block;
+      EXPECT_EQ(gpu[0].payload, cpu[0].payload) << ds::dtype_name(dtype) << " block " << block;
+    }
+  }
+}
+
+TEST_F(CudaCompactCodec, NothingChangedEncodesToNothing) {
+  Model m;
+  m.add("w", ds::DType::BF16, 100);
+  m.encode();
+  EXPECT_TRUE(gpu_encode(m, m.delta, 1000).empty());
+  const Outcome decoded = gpu_decode({}, m, "mem");
+  EXPECT_EQ(decoded.error, "");
+  EXPECT_EQ(decoded.storage.offsets, (std::vector<uint64_t>{0, 0}));
+}
+
+TEST_F(CudaCompactCodec, EncoderRefusesWhatTheCpuRefuses) {
+  Model m;  // one change to an F64 tensor: width 8 is not a compact width
+  m.meta.push_back({"w", ds::DType::F64, {10}});
+  m.delta.offsets = {0, 1};
+  m.delta.value_offsets = {0, 8};
+  m.delta.indices = {3};
+  m.delta.values.assign(8, 1);
+  m.delta.base_values.assign(8, 0);
+  compact::Options bad_block;
+  bad_block.block_elements = 0;
+  const auto message = [&](auto&& fn) -> std::string {
+    try {
+      fn();
+    } catch (const ds::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  DeviceDelta device(m.delta);
+  const std::string cpu_block = message([&] { compact::encode(m.meta, m.delta.view(), bad_block); });
+  EXPECT_NE(cpu_block, "");
+  EXPECT_EQ(message([&] { encoder_.encode(m.meta, device.view(), stream_, bad_block); }), cpu_block);
+  const std::string cpu_width = message([&] { compact::encode(m.meta, m.delta.view()); });
+  EXPECT_NE(cpu_width, "");
+  EXPECT_EQ(message([&] { encoder_.encode(m.meta, device.view(), stream_); }), cpu_width);
+}
+
+// ---- corrupt payloads: same message as the CPU, base untouched ---------------------------------
+
+// A BF16 tensor of 30000 elements, 5% changed, in blocks of 500.
+struct Corruptible {
+  Model m;
+  compact::EncodedTensor e;
+  Corruptible() {
+    std::mt19937_64 rng(3);
+    m.add("layer.w", ds::DType::BF16, 30000);
+    fill_base(m.base[0], 2, rng, false);
+    make_changes(m, 0, 0.05, Change::Ulp, rng);
+    m.encode();
+    compact::Options options;
+    options.block_elements = 500;
+    e = compact::encode(m.meta, m.delta.view(), options).at(0);
+  }
+  static constexpr size_t kHeaderChanged = 0, kHeaderPayload = 8, kHeaderBlocks = 20;
+  static size_t record(size_t b) { return 24 + 32 * b; }
+  static constexpr size_t kFirst = 0, kOffset = 8, kCount = 16, kTable = 20, kRans = 24, kBits = 28;
+  template <typename T>
+  T get(size_t at) const {
+    T v;
+    std::memcpy(&v, e.block_index.data() + at, sizeof v);
+    return v;
+  }
+  template <typename T>
+  void set(size_t at, T v) {
+    std::memcpy(e.block_index.data() + at, &v, sizeof v);
+  }
+  template <typename T>
+  void add(size_t at, int64_t delta) {
+    set<T>(at, static_cast<T>(get<T>(at) + delta));
+  }
+  uint32_t blocks() const { return get<uint32_t>(kHeaderBlocks); }
+  std::vector<compact::EncodedTensorView> views() const { return {{e.name, e.block_index, e.payload}}; }
+};
+
+class CudaCompactCorrupt : public CudaCompactCodec {
+ protected:
+  // The GPU refuses with exactly the CPU's message (which must contain `fragment`).
+  void expect_same_refusal(const Corruptible& c, const std::string& fragment) {
+    const Outcome cpu = cpu_decode(c.views(), c.m, "bad.safetensors");
+    const Outcome gpu = gpu_decode(c.views(), c.m, "bad.safetensors");
+    EXPECT_NE(cpu.error.find(fragment), std::string::npos) << "CPU message: '" << cpu.error << "'";
+    EXPECT_EQ(gpu.error, cpu.error);
+  }
+};
+
+TEST_F(CudaCompactCorrupt, UntouchedDecodesLikeTheCpu) {
+  Corruptible c;
+  ASSERT_GT(c.blocks(), 3u);
+  const Outcome cpu = cpu_decode(c.views(), c.m, "x");
+  const Outcome gpu = gpu_decode(c.views(), c.m, "x");
+  EXPECT_EQ(gpu.error, "");
+  EXPECT_EQ(gpu.storage.indices, cpu.storage.indices);
+  EXPECT_EQ(gpu.storage.values, cpu.storage.values);
+  EXPECT_EQ(gpu.storage.base_values, cpu.storage.base_values);
+}
+
+TEST_F(CudaCompactCorrupt, TruncatedStreams) {
+  {
+    Corruptible c;
+    c.e.payload.pop_back();
+    expect_same_refusal(c, "payload has");
+  }
+  {  // the last block's raw bits lose a byte, consistently in the index
+    Corruptible c;
+    const size_t last = Corruptible::record(c.blocks() - 1);
+    c.e.payload.pop_back();
+    c.add<uint32_t>(last + Corruptible::kBits, -1);
+    c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
+    expect_same_refusal(c, "raw bit stream truncated");
+  }
+  {  // a rANS stream loses bytes to the raw bits
+    Corruptible c;
+    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kRans, -3);
+    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kBits, 3);
+    expect_same_refusal(c, "block 1: ");
+  }
+  {  // a rANS stream shorter than its four states
+    Corruptible c;
+    const uint32_t rans = c.get<uint32_t>(Corruptible::record(2) + Corruptible::kRans);
+    c.add<uint32_t>(Corruptible::record(2) + Corruptible::kRans, 12 - int64_t{rans});
+    c.add<uint32_t>(Corruptible::record(2) + Corruptible::kBits, int64_t{rans} - 12);
+    expect_same_refusal(c, "block 2: rANS stream truncated");
+  }
+  {  // tables cut into the rANS stream
+    Corruptible c;
+    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kTable, -2);
+    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kRans, 2);
+    expect_same_refusal(c, "block 0: ");
+  }
+  {
+    Corruptible c;
+    c.e.block_index.resize(c.e.block_index.size() - 5);
+    expect_same_refusal(c, "block index has");
+    c.e.block_index.resize(10);
+    expect_same_refusal(c, "block index truncated");
+  }
+}
+
+TEST_F(CudaCompactCorrupt, BadBlockIndex) {
+  {
+    Corruptible c;
+    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kOffset, c.e.payload.size() + 100);
+    expect_same_refusal(c, "block 2: payload offset");
+  }
+  {
+    Corruptible c;
+    c.set<uint64_t>(Corruptible::record(1) + Corruptible::kOffset, 0);
+    expect_same_refusal(c, "block 1: payload offset 0");
+  }
+  {
+    Corruptible c;
+    c.add<uint32_t>(Corruptible::record(c.blocks() - 1) + Corruptible::kBits, 1);
+    expect_same_refusal(c, "run past the end of the payload");
+  }
+  {
+    Corruptible c;
+    c.add<uint64_t>(Corruptible::kHeaderChanged, -1);
+    expect_same_refusal(c, "block counts sum to");
+  }
+  {  // a count changed inside a block: its streams no longer match
+    Corruptible c;
+    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kCount, 499);
+    c.add<uint64_t>(Corruptible::kHeaderChanged, -1);
+    expect_same_refusal(c, "block 0: ");
+  }
+  {
+    Corruptible c;
+    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kCount, 0);
+    expect_same_refusal(c, "block 0: count 0");
+  }
+  {
+    Corruptible c;
+    c.set<uint32_t>(Corruptible::kHeaderBlocks, c.blocks() + 1);
+    expect_same_refusal(c, "block index has");
+  }
+  {
+    Corruptible c;
+    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kFirst, c.get<uint64_t>(Corruptible::record(1) + Corruptible::kFirst));
+    expect_same_refusal(c, "block 2: first position");
+  }
+  {  // starts inside the previous block: found only after decoding (positions not ascending)
+    Corruptible c;
+    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kFirst,
+                    c.get<uint64_t>(Corruptible::record(1) + Corruptible::kFirst) + 1);
+    expect_same_refusal(c, "block 2");
+  }
+  {
+    Corruptible c;
+    c.set<uint64_t>(Corruptible::record(c.blocks() - 1) + Corruptible::kFirst, 40000);
+    expect_same_refusal(c, "outside the tensor");
+  }
+}
+
+TEST_F(CudaCompactCorrupt, OverlongGap) {
+  Model m;
+  m.add("layer.w", ds::DType::BF16, 60);
+  m.current[0] = m.base[0];
+  store(m.current[0], 0, 2, 1);
+  store(m.current[0], 50, 2, 1);
+  m.encode();
+  Corruptible c;
+  c.e = compact::encode(m.meta, m.delta.view()).at(0);
+  c.m.meta[0].shape = {40};
+  c.m.base[0].resize(80);
+  expect_same_refusal(c, "gap after position 0 leads outside the tensor (40 elements)");
+}
+
+TEST_F(CudaCompactCorrupt, TrailingBytesAndBadTables) {
+  {
+    Corruptible c;
+    c.e.payload.push_back(0);
+    c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
+    expect_same_refusal(c, "trailing bytes");
+  }
+  {
+    Corruptible c;
+    c.e.payload.push_back(0);
+    c.add<uint32_t>(Corruptible::record(c.blocks() - 1) + Corruptible::kBits, 1);
+    c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
+    expect_same_refusal(c, "raw bit stream has trailing bytes");
+  }
+  {  // a nonzero padding bit in the last raw byte
+    Corruptible c;
+    c.e.payload.push_back(0x80);
+    c.add<uint32_t>(Corruptible::record(c.blocks() - 1) + Corruptible::kBits, 1);
+    c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
+    expect_same_refusal(c, "raw bit stream has trailing bytes");
+  }
+  {
+    Corruptible c;
+    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kTable, 1);
+    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kRans, -1);
+    expect_same_refusal(c, "block 0: ");
+  }
+  {  // gap table announcing too many symbols (first byte of block 3's payload)
+    Corruptible c;
+    const uint64_t at = c.get<uint64_t>(Corruptible::record(3) + Corruptible::kOffset);
+    c.e.payload[at] = 0x7F;
+    expect_same_refusal(c, "block 3: ");
+  }
+}
+
+TEST_F(CudaCompactCorrupt, RandomByteFlipsGiveTheCpuOutcome) {
+  // Each mutation either decodes to the CPU's arrays or is refused with the CPU's message.
+  Corruptible c;
+  std::mt19937_64 rng(2024);
+  int refused = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const auto saved_index = c.e.block_index;
+    const auto saved_payload = c.e.payload;
+    const int flips = 1 + static_cast<int>(rng() % 3);
+    for (int k = 0; k < flips; ++k) {
+      auto& bytes = (rng() % 4 == 0) ? c.e.block_index : c.e.payload;
+      bytes[rng() % bytes.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    }
+    const Outcome cpu = cpu_decode(c.views(), c.m, "fuzz");
+    const Outcome gpu = gpu_decode(c.views(), c.m, "fuzz");
+    ASSERT_EQ(gpu.error, cpu.error) << "trial " << trial;
+    if (cpu.error.empty()) {
+      ASSERT_EQ(gpu.storage.indices, cpu.storage.indices) << "trial " << trial;
+      ASSERT_EQ(gpu.storage.values, cpu.storage.values) << "trial " << trial;
+      ASSERT_EQ(gpu.storage.base_values, cpu.storage.base_values) << "trial " << trial;
+    } else {
+      ++refused;
+    }
+    c.e.block_index = saved_index;
+    c.e.payload = saved_payload;
+  }
+  EXPECT_GT(refused, 150);
+}
+
+}  // namespace
