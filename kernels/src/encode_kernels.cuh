@@ -6,7 +6,7 @@
 // every chunk holds elements of exactly one tensor (the tail of a tensor's last chunk is padding).
 //
 // Pipeline (all on one stream, one host synchronization at the end):
-//   1. select      one thread block per chunk, single pass with CUB's decoupled look-back:
+//   1. select      one thread block per two chunks, single pass with CUB's decoupled look-back:
 //                  16-byte vector loads of current and shadow, a 4096-bit changed mask in shared
 //                  memory, a block scan of per-thread popcounts whose prefix comes from the
 //                  preceding chunks, then each thread writes its changed elements' local index,
@@ -38,14 +38,16 @@
 
 namespace deltasync::cuda::detail {
 
-// 4096-element chunks: one select tile each (128 threads x 32 elements). The padding wasted per
-// tensor (< 4096 positions that are never loaded) is negligible, and the chunk table costs
-// 4 bytes per 4096 elements.
+// 4096-element chunks, each handled by 128 threads x 32 elements; a select tile (one block, one
+// look-back) is two chunks. The padding wasted per tensor (< 4096 positions that are never
+// loaded) is negligible, and the chunk table costs 4 bytes per 4096 elements.
 constexpr int kChunkShift = 12;
 constexpr uint64_t kChunkElements = uint64_t{1} << kChunkShift;
-constexpr int kSelectThreads = 128;
+constexpr int kChunkThreads = 128;
 constexpr int kElementsPerThread = 32;  // one 32-bit word of the chunk's changed mask
-static_assert(kSelectThreads * kElementsPerThread == kChunkElements);
+static_assert(kChunkThreads * kElementsPerThread == kChunkElements);
+constexpr int kChunksPerTile = 2;  // halves the look-backs and descriptor loads per byte
+constexpr int kTileThreads = kChunkThreads * kChunksPerTile;
 
 struct EncodeTensor {
   const uint8_t* current;
@@ -122,41 +124,48 @@ __device__ __forceinline__ bool element_differs(const uint8_t* a, const uint8_t*
 // warp-wide load is one contiguous 512-byte span. Needs both chunk pointers 16-byte aligned.
 template <int kWidth>
 __device__ __forceinline__ void chunk_mask_vector(const uint8_t* current, const uint8_t* shadow, uint32_t n,
-                                                  uint32_t* mask_words) {
+                                                  uint32_t thread, uint32_t* mask_words) {
   constexpr int kGranuleElements = 16 / kWidth;
-  constexpr int kGranulesPerThread = int(kChunkElements) / kGranuleElements / kSelectThreads;  // 2, 4, 8
+  constexpr int kGranulesPerThread = int(kChunkElements) / kGranuleElements / kChunkThreads;  // 2, 4, 8
+  // Loads are issued in batches of up to 4 granules per buffer (128 bytes in flight per thread):
+  // enough to cover DRAM latency at full occupancy, few enough registers (<= 64 per thread) for
+  // 8 blocks per multiprocessor, which the look-back waits of one block need to hide behind.
+  constexpr int kBatch = kGranulesPerThread < 4 ? kGranulesPerThread : 4;
   const auto* cur = reinterpret_cast<const uint4*>(current);
   const auto* sha = reinterpret_cast<const uint4*>(shadow);
   const uint32_t full_granules = n / kGranuleElements;
-  uint4 a[kGranulesPerThread], b[kGranulesPerThread];
-  // All loads first (2 x kGranulesPerThread x 16 bytes in flight per thread), then the compares.
 #pragma unroll
-  for (int j = 0; j < kGranulesPerThread; ++j) {
-    const uint32_t q = j * kSelectThreads + threadIdx.x;
-    if (q < full_granules) {
-      a[j] = cur[q];
-      b[j] = sha[q];
-    } else {
-      a[j] = b[j] = make_uint4(0, 0, 0, 0);
-    }
-  }
+  for (int batch = 0; batch < kGranulesPerThread; batch += kBatch) {
+    uint4 a[kBatch], b[kBatch];
 #pragma unroll
-  for (int j = 0; j < kGranulesPerThread; ++j) {
-    const uint32_t q = j * kSelectThreads + threadIdx.x;
-    uint32_t mask = granule_changed_mask<kWidth>(a[j], b[j]);
-    if (q == full_granules) {  // the partial granule at the end of the tensor, element by element
-      for (uint32_t e = q * kGranuleElements; e < n; ++e)
-        mask |= uint32_t{element_differs<kWidth>(current, shadow, e)} << (e - q * kGranuleElements);
+    for (int j = 0; j < kBatch; ++j) {
+      const uint32_t q = (batch + j) * kChunkThreads + thread;
+      if (q < full_granules) {
+        a[j] = cur[q];
+        b[j] = sha[q];
+      } else {
+        a[j] = b[j] = make_uint4(0, 0, 0, 0);
+      }
     }
-    if constexpr (kWidth == 1) {
-      reinterpret_cast<uint16_t*>(mask_words)[q] = static_cast<uint16_t>(mask);
-    } else if constexpr (kWidth == 2) {
-      reinterpret_cast<uint8_t*>(mask_words)[q] = static_cast<uint8_t>(mask);
-    } else {
-      // 4-bit masks: the even lane stores its own and its odd neighbour's (granule q + 1) as one
-      // byte. Every lane takes part in the shuffle.
-      const uint32_t neighbour = __shfl_down_sync(0xFFFFFFFFu, mask, 1);
-      if ((q & 1) == 0) reinterpret_cast<uint8_t*>(mask_words)[q / 2] = static_cast<uint8_t>(mask | neighbour << 4);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const uint32_t q = (batch + j) * kChunkThreads + thread;
+      uint32_t mask = granule_changed_mask<kWidth>(a[j], b[j]);
+      if (q == full_granules) {  // the partial granule at the end of the tensor, element by element
+        for (uint32_t e = q * kGranuleElements; e < n; ++e)
+          mask |= uint32_t{element_differs<kWidth>(current, shadow, e)} << (e - q * kGranuleElements);
+      }
+      if constexpr (kWidth == 1) {
+        reinterpret_cast<uint16_t*>(mask_words)[q] = static_cast<uint16_t>(mask);
+      } else if constexpr (kWidth == 2) {
+        reinterpret_cast<uint8_t*>(mask_words)[q] = static_cast<uint8_t>(mask);
+      } else {
+        // 4-bit masks: the even lane stores its own and its odd neighbour's (granule q + 1) as
+        // one byte. Every lane takes part in the shuffle.
+        const uint32_t neighbour = __shfl_down_sync(0xFFFFFFFFu, mask, 1);
+        if ((q & 1) == 0)
+          reinterpret_cast<uint8_t*>(mask_words)[q / 2] = static_cast<uint8_t>(mask | neighbour << 4);
+      }
     }
   }
 }
@@ -165,11 +174,11 @@ __device__ __forceinline__ void chunk_mask_vector(const uint8_t* current, const 
 // flat buffer): warp-wide element loads, one ballot per 32 elements.
 template <int kWidth>
 __device__ __forceinline__ void chunk_mask_scalar(const uint8_t* current, const uint8_t* shadow, uint32_t n,
-                                                  uint32_t* mask_words) {
-  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+                                                  uint32_t thread, uint32_t* mask_words) {
+  const uint32_t warp = thread / 32, lane = thread % 32;
 #pragma unroll 4
   for (uint32_t k = 0; k < kElementsPerThread; ++k) {
-    const uint32_t word = k * (kSelectThreads / 32) + warp;
+    const uint32_t word = k * (kChunkThreads / 32) + warp;
     const uint32_t e = word * 32 + lane;
     const bool changed = e < n && element_differs<kWidth>(current, shadow, e);
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, changed);
@@ -179,10 +188,10 @@ __device__ __forceinline__ void chunk_mask_scalar(const uint8_t* current, const 
 
 template <int kWidth>
 __device__ __forceinline__ void chunk_mask(const uint8_t* current, const uint8_t* shadow, uint32_t n,
-                                           uint32_t* mask_words) {
+                                           uint32_t thread, uint32_t* mask_words) {
   const bool vector_aligned = ((reinterpret_cast<uintptr_t>(current) | reinterpret_cast<uintptr_t>(shadow)) & 15) == 0;
-  if (vector_aligned) chunk_mask_vector<kWidth>(current, shadow, n, mask_words);
-  else chunk_mask_scalar<kWidth>(current, shadow, n, mask_words);
+  if (vector_aligned) chunk_mask_vector<kWidth>(current, shadow, n, thread, mask_words);
+  else chunk_mask_scalar<kWidth>(current, shadow, n, thread, mask_words);
 }
 
 template <int kWidth>
@@ -214,14 +223,15 @@ __global__ void init_select_tile_state_kernel(SelectTileState tile_state, int nu
 }
 
 template <int kWidth>
-__device__ __forceinline__ void write_changed(const SelectParams& p, uint32_t word, uint64_t first_output,
-                                              uint64_t local0, const uint8_t* current, const uint8_t* shadow) {
+__device__ __forceinline__ void write_changed(const SelectParams& p, uint32_t word, uint32_t thread,
+                                              uint64_t first_output, uint64_t local0, const uint8_t* current,
+                                              const uint8_t* shadow) {
   uint64_t i = first_output;
   while (word != 0) {
     const uint32_t bit = __ffs(word) - 1;
     word &= word - 1;
     if (i >= static_cast<uint64_t>(p.capacity)) return;  // overflow: dropped, the host reruns
-    const uint32_t e = threadIdx.x * kElementsPerThread + bit;
+    const uint32_t e = thread * kElementsPerThread + bit;
     p.indices[i] = static_cast<int64_t>(local0 + e);
     store_element<kWidth>(p.values + i * p.value_stride, current + e * kWidth);
     store_element<kWidth>(p.base_values + i * p.value_stride, shadow + e * kWidth);
@@ -229,71 +239,92 @@ __device__ __forceinline__ void write_changed(const SelectParams& p, uint32_t wo
   }
 }
 
+// The chunk's first element as a local index of its tensor.
+__device__ __forceinline__ uint64_t chunk_local0(const EncodeTensor& tensor, uint64_t chunk) {
+  return (chunk << kChunkShift) - tensor.start;
+}
+
+// The chunk's changed mask; positions past the tensor's end (padding) read as unchanged.
 template <int kWidth>
-__device__ __forceinline__ void select_chunk(const SelectParams& p, const EncodeTensor& tensor, uint64_t chunk,
-                                             uint32_t* mask_words, uint32_t& word) {
-  const uint64_t local0 = (chunk << kChunkShift) - tensor.start;
+__device__ __forceinline__ void select_chunk(const EncodeTensor& tensor, uint64_t chunk, uint32_t thread,
+                                                 uint32_t* chunk_mask_words) {
+  const uint64_t local0 = chunk_local0(tensor, chunk);
   const uint64_t left = tensor.numel - local0;
   const uint32_t n = left < kChunkElements ? static_cast<uint32_t>(left) : static_cast<uint32_t>(kChunkElements);
-  chunk_mask<kWidth>(tensor.current + local0 * kWidth, tensor.shadow + local0 * kWidth, n, mask_words);
-  __syncthreads();
-  word = mask_words[threadIdx.x];
+  chunk_mask<kWidth>(tensor.current + local0 * kWidth, tensor.shadow + local0 * kWidth, n, thread, chunk_mask_words);
 }
 
 template <int kWidth>
 __device__ __forceinline__ void write_chunk(const SelectParams& p, const EncodeTensor& tensor, uint64_t chunk,
-                                            uint32_t word, uint64_t first_output) {
-  const uint64_t local0 = (chunk << kChunkShift) - tensor.start;
-  write_changed<kWidth>(p, word, first_output, local0, tensor.current + local0 * kWidth,
+                                            uint32_t thread, uint32_t word, uint64_t first_output) {
+  const uint64_t local0 = chunk_local0(tensor, chunk);
+  write_changed<kWidth>(p, word, thread, first_output, local0, tensor.current + local0 * kWidth,
                         tensor.shadow + local0 * kWidth);
 }
 
-__global__ void __launch_bounds__(kSelectThreads) select_changed_kernel(SelectParams p) {
-  using BlockScan = cub::BlockScan<unsigned long long, kSelectThreads>;
+// One tile = kChunksPerTile consecutive chunks (a trailing tile may have fewer); each chunk is
+// handled by its own kChunkThreads threads, whose warps never straddle two chunks. 4 blocks of
+// 256 threads per multiprocessor (<= 64 registers): while one block waits in its look-back or
+// writes its outputs, the others keep loads in flight.
+__global__ void __launch_bounds__(kTileThreads, 4) select_changed_kernel(SelectParams p) {
+  using BlockScan = cub::BlockScan<unsigned long long, kTileThreads>;
   using LookBack = cub::TilePrefixCallbackOp<unsigned long long, ::cuda::std::plus<>, SelectTileState>;
-  __shared__ uint32_t mask_words[kSelectThreads];
+  __shared__ uint32_t mask_words[kTileThreads];  // kChunksPerTile masks of 128 words
   __shared__ typename BlockScan::TempStorage scan_storage;
   __shared__ typename LookBack::TempStorage look_back_storage;
 
   const int tile = static_cast<int>(blockIdx.x);
-  const uint64_t chunk = blockIdx.x;
-  const EncodeTensor tensor = p.tensors[p.chunk_tensor[chunk]];
-  uint32_t word = 0;
-  switch (tensor.width) {
-    case 1: select_chunk<1>(p, tensor, chunk, mask_words, word); break;
-    case 2: select_chunk<2>(p, tensor, chunk, mask_words, word); break;
-    default: select_chunk<4>(p, tensor, chunk, mask_words, word); break;
+  const uint32_t part = threadIdx.x / kChunkThreads;   // which chunk of the tile
+  const uint32_t thread = threadIdx.x % kChunkThreads;  // thread within that chunk
+  const uint64_t chunk = uint64_t{blockIdx.x} * kChunksPerTile + part;
+  const bool has_chunk = chunk < p.num_chunks;
+  uint32_t* chunk_mask_words = mask_words + part * kChunkThreads;
+  EncodeTensor tensor{};
+  if (has_chunk) {
+    tensor = p.tensors[p.chunk_tensor[chunk]];
+    switch (tensor.width) {
+      case 1: select_chunk<1>(tensor, chunk, thread, chunk_mask_words); break;
+      case 2: select_chunk<2>(tensor, chunk, thread, chunk_mask_words); break;
+      default: select_chunk<4>(tensor, chunk, thread, chunk_mask_words); break;
+    }
   }
+  __syncthreads();
+  const uint32_t word = has_chunk ? mask_words[threadIdx.x] : 0;
   const unsigned long long count = __popc(word);
   unsigned long long first_output = 0;
   if (tile == 0) {
-    unsigned long long chunk_total = 0;
-    BlockScan(scan_storage).ExclusiveSum(count, first_output, chunk_total);
-    if (threadIdx.x == 0) p.tile_state.SetInclusive(0, chunk_total);
+    unsigned long long tile_total = 0;
+    BlockScan(scan_storage).ExclusiveSum(count, first_output, tile_total);
+    if (threadIdx.x == 0) p.tile_state.SetInclusive(0, tile_total);
   } else {
     LookBack look_back(p.tile_state, look_back_storage, ::cuda::std::plus<>{}, tile);
     BlockScan(scan_storage).ExclusiveSum(count, first_output, look_back);
   }
-  if (threadIdx.x == 0) p.chunk_prefix[chunk] = first_output;
-  if (chunk + 1 == p.num_chunks && threadIdx.x == kSelectThreads - 1)
+  if (has_chunk && thread == 0) p.chunk_prefix[chunk] = first_output;
+  if (blockIdx.x + 1 == gridDim.x && threadIdx.x == kTileThreads - 1)
     p.counts->num_selected = static_cast<int64_t>(first_output + count);
+  if (word == 0) return;
   switch (tensor.width) {
-    case 1: write_chunk<1>(p, tensor, chunk, word, first_output); break;
-    case 2: write_chunk<2>(p, tensor, chunk, word, first_output); break;
-    default: write_chunk<4>(p, tensor, chunk, word, first_output); break;
+    case 1: write_chunk<1>(p, tensor, chunk, thread, word, first_output); break;
+    case 2: write_chunk<2>(p, tensor, chunk, thread, word, first_output); break;
+    default: write_chunk<4>(p, tensor, chunk, thread, word, first_output); break;
   }
 }
 
-// Temporary storage of the select's look-back for num_chunks tiles.
+inline int select_tiles(uint64_t num_chunks) {
+  return static_cast<int>((num_chunks + kChunksPerTile - 1) / kChunksPerTile);
+}
+
+// Temporary storage of the select's look-back for num_chunks chunks.
 inline cudaError_t select_tile_state_bytes(uint64_t num_chunks, size_t& bytes) {
-  return SelectTileState::AllocationSize(static_cast<int>(num_chunks), bytes);
+  return SelectTileState::AllocationSize(select_tiles(num_chunks), bytes);
 }
 
 // Launcher: selects the changed elements of every chunk (num_chunks >= 1, < 2^31) and writes them
 // as described in SelectParams; `tile_storage` holds select_tile_state_bytes(num_chunks) bytes.
 inline cudaError_t select_changed(SelectParams p, void* tile_storage, size_t tile_storage_bytes,
                                   cudaStream_t stream) {
-  const int num_tiles = static_cast<int>(p.num_chunks);
+  const int num_tiles = select_tiles(p.num_chunks);
   cudaError_t err = p.tile_state.Init(num_tiles, tile_storage, tile_storage_bytes);
   if (err != cudaSuccess) return err;
   constexpr unsigned kInitThreads = 256;
@@ -301,7 +332,7 @@ inline cudaError_t select_changed(SelectParams p, void* tile_storage, size_t til
       p.tile_state, num_tiles);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  select_changed_kernel<<<num_tiles, kSelectThreads, 0, stream>>>(p);
+  select_changed_kernel<<<num_tiles, kTileThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
