@@ -77,16 +77,16 @@ __host__ __device__ inline uint64_t low_bits(uint64_t v, uint32_t n) { return n 
 
 // ---- little-endian bytes --------------------------------------------------------------------
 
-__device__ inline uint32_t load_bits(const uint8_t* p, uint32_t width) {
+__host__ __device__ inline uint32_t load_bits(const uint8_t* p, uint32_t width) {
   uint32_t v = 0;
   for (uint32_t k = 0; k < width; ++k) v |= static_cast<uint32_t>(p[k]) << (8 * k);
   return v;
 }
-__device__ inline void store_bits(uint8_t* p, uint32_t v, uint32_t width) {
+__host__ __device__ inline void store_bits(uint8_t* p, uint32_t v, uint32_t width) {
   for (uint32_t k = 0; k < width; ++k) p[k] = static_cast<uint8_t>(v >> (8 * k));
 }
-__device__ inline void store_u32(uint8_t* p, uint32_t v) { store_bits(p, v, 4); }
-__device__ inline void store_u64(uint8_t* p, uint64_t v) {
+__host__ __device__ inline void store_u32(uint8_t* p, uint32_t v) { store_bits(p, v, 4); }
+__host__ __device__ inline void store_u64(uint8_t* p, uint64_t v) {
   store_u32(p, static_cast<uint32_t>(v));
   store_u32(p + 4, static_cast<uint32_t>(v >> 32));
 }

@@ -71,59 +71,57 @@ namespace compact_decode {
 
 using namespace compact_coder;
 
-// Lane-0 state of one block's decode; `fault` stays kFaultNone while all is well. The streams
-// are read byte by byte (they sit in shared memory when they fit).
+// The CPU decoder's chunk (host/src/compact_codec_block.cpp, kDecodeChunk): it decodes the
+// rANS tokens of kDecodeChunk changes, checks the stream for truncation, then reads their raw
+// bits. The GPU follows the same structure so that a payload with several defects is refused
+// with the same (first found) one; change both together.
+inline constexpr uint32_t kDecodeChunk = 16;
+
+// Lane-0 state of one block's decode. Like the CPU's zero-padded stream copies, bytes past the
+// end of either stream read as zero; overruns are detected from the positions afterwards.
 struct Reader {
   const uint8_t* rans;
   uint32_t rans_pos, rans_end;
   const uint8_t* bits;
-  uint64_t bits_left;     // raw bits not yet consumed
-  uint32_t byte_pos = 0;  // next raw byte to load
-  uint64_t acc = 0;       // loaded, unconsumed raw bits (nacc of them)
-  uint32_t nacc = 0;
-  uint32_t fault = kFaultNone;
+  uint32_t bits_bytes;
 
+  __host__ __device__ uint32_t rans_byte(uint32_t at) const { return at < rans_end ? rans[at] : 0u; }
   // One rANS symbol on a lane; slot entry = symbol | (freq - 1) << 8 | (slot - start) << 20.
-  // The state stays in [2^11, 2^31) before renormalization on any input, because the table
-  // has start <= slot < start + freq.
-  __device__ uint32_t get_symbol(uint32_t& x, const uint32_t* slots) {
+  // Before renormalization y is in [2^11, 2^31) on any input (start <= slot < start + freq), so
+  // 0, 1 or 2 bytes come in, as in the CPU's branch-free step.
+  __host__ __device__ uint32_t get_symbol(uint32_t& x, const uint32_t* slots) {
     const uint32_t e = slots[x & (kScale - 1)];
-    x = (((e >> 8) & 0xFFFu) + 1) * (x >> kScaleBits) + (e >> 20);
-    while (x < kRansLow) {
-      if (rans_pos == rans_end) {
-        fault = kFaultRansTruncated;
-        return 0;
-      }
-      x = (x << 8) | rans[rans_pos++];
+    const uint32_t y = (((e >> 8) & 0xFFFu) + 1) * (x >> kScaleBits) + (e >> 20);
+    if (y >= kRansLow) {
+      x = y;
+    } else if (y >= (kRansLow >> 8)) {
+      x = (y << 8) | rans_byte(rans_pos);
+      rans_pos += 1;
+    } else {
+      x = (y << 16) | rans_byte(rans_pos) << 8 | rans_byte(rans_pos + 1);
+      rans_pos += 2;
     }
     return e & 0xFFu;
   }
-  // n <= 64 raw bits, LSB first; truncated exactly when fewer than n remain (as the CPU).
-  __device__ uint64_t get_bits(uint32_t n) {
-    if (n > bits_left) {
-      fault = kFaultRawTruncated;
-      return 0;
+  // n <= 64 raw bits at bit offset `at`, LSB first.
+  __host__ __device__ uint64_t raw_at(uint64_t at, uint32_t n) const {
+    uint64_t v = 0;
+    for (uint32_t got = 0; got < n;) {
+      const uint64_t bit = at + got;
+      const uint32_t shift = static_cast<uint32_t>(bit & 7);
+      const uint32_t take = (8 - shift) < (n - got) ? (8 - shift) : (n - got);
+      const uint64_t byte_index = bit >> 3;
+      const uint32_t byte = byte_index < bits_bytes ? bits[byte_index] : 0u;
+      v |= static_cast<uint64_t>((byte >> shift) & ((1u << take) - 1u)) << got;
+      got += take;
     }
-    bits_left -= n;
-    if (n <= 32) return get_small(n);
-    const uint64_t low = get_small(32);
-    return low | (get_small(n - 32) << 32);
-  }
-  __device__ uint64_t get_small(uint32_t n) {  // n <= 32 and available
-    while (nacc < n) {
-      acc |= uint64_t{bits[byte_pos++]} << nacc;
-      nacc += 8;
-    }
-    const uint64_t v = low_bits(acc, n);
-    acc >>= n;
-    nacc -= n;
     return v;
   }
 };
 
 // Reads one frequency table (lane 0): num_symbols, then the frequencies; fills freq/start.
 // Returns num_symbols, or sets the fault.
-__device__ inline uint32_t get_varint(const uint8_t* p, uint32_t& at, uint32_t end, uint32_t& fault) {
+__host__ __device__ inline uint32_t get_varint(const uint8_t* p, uint32_t& at, uint32_t end, uint32_t& fault) {
   uint32_t v = 0;
   for (uint32_t shift = 0; shift < 35; shift += 7) {
     if (at == end) {
@@ -138,7 +136,7 @@ __device__ inline uint32_t get_varint(const uint8_t* p, uint32_t& at, uint32_t e
   return 0;
 }
 
-__device__ inline uint32_t read_table(const uint8_t* p, uint32_t& at, uint32_t end, uint32_t limit, bool required,
+__host__ __device__ inline uint32_t read_table(const uint8_t* p, uint32_t& at, uint32_t end, uint32_t limit, bool required,
                                       uint16_t* freq, uint16_t* start, CompactBlockFault& f) {
   const uint32_t num_symbols = get_varint(p, at, end, f.code);
   if (f.code != kFaultNone) return 0;
@@ -170,9 +168,115 @@ __device__ inline uint32_t read_table(const uint8_t* p, uint32_t& at, uint32_t e
 }
 
 // The whole warp fills a table's 4096 slot entries (the frequencies sum to exactly 4096).
-__device__ inline void fill_slots(uint32_t num_symbols, const uint16_t* freq, const uint16_t* start, uint32_t* slots) {
-  for (uint32_t s = threadIdx.x; s < num_symbols; s += 32)
+__host__ __device__ inline void fill_slots(uint32_t num_symbols, const uint16_t* freq, const uint16_t* start,
+                                           uint32_t* slots, uint32_t first, uint32_t stride) {
+  for (uint32_t s = first; s < num_symbols; s += stride)
     for (uint32_t k = 0; k < freq[s]; ++k) slots[start[s] + k] = s | (uint32_t{freq[s]} - 1) << 8 | k << 20;
+}
+
+// Lane 0: both frequency tables, then the size checks the CPU makes before decoding symbols.
+// Returns the fault code (also in `fault`).
+__host__ __device__ inline uint32_t read_tables(const CompactDecodeTask& task, uint16_t* gap_freq, uint16_t* gap_start,
+                                                uint16_t* value_freq, uint16_t* value_start, uint32_t& num_gap_symbols,
+                                                uint32_t& num_value_symbols, CompactBlockFault& fault) {
+  uint32_t at = 0;
+  num_gap_symbols =
+      read_table(task.payload, at, task.table_bytes, kGapTokens, task.count > 1, gap_freq, gap_start, fault);
+  if (fault.code == kFaultNone) {
+    fault.value_table = 1;
+    num_value_symbols = read_table(task.payload, at, task.table_bytes, value_token_limit(task.width), true, value_freq,
+                                   value_start, fault);
+  }
+  if (fault.code == kFaultNone && at != task.table_bytes) fault.code = kFaultTablesTrailing;
+  if (fault.code == kFaultNone && task.rans_bytes < 16) fault.code = kFaultRansTruncated;
+  return fault.code;
+}
+
+// Lane 0: the block's changes, serially. `streams` holds the rANS stream then the raw bits;
+// writes positions and the value symbols (parked in new_bits). Returns the fault code.
+__host__ __device__ inline uint32_t decode_serial(const CompactDecodeTask& task, const uint8_t* streams,
+                                                  const uint32_t* gap_slots, const uint32_t* value_slots,
+                                                  uint8_t* chunk_gap, uint8_t* chunk_value, CompactBlockFault& fault) {
+  const uint32_t W = task.width;
+  // Serial decode (lane 0): positions, and the value symbols parked in new_bits. The checks
+  // come in the CPU decoder's order: change 0 (value token, its raw bits), then per chunk of
+  // kDecodeChunk changes the tokens (then rANS truncation), the raw bits change by change (a
+  // gap leading outside the tensor is reported as a raw-bit truncation when the bits read so
+  // far overran the stream), then raw-bit truncation; finally the trailing-bytes checks.
+  {
+    Reader r{streams, 16, task.rans_bytes, streams + task.rans_bytes, task.bits_bytes};
+    const uint64_t bits_total = uint64_t{task.bits_bytes} * 8;
+    uint32_t f = kFaultNone;
+    uint32_t x0 = load_bits(streams, 4), x1 = load_bits(streams + 4, 4), x2 = load_bits(streams + 8, 4),
+             x3 = load_bits(streams + 12, 4);
+    for (const uint32_t x : {x0, x1, x2, x3})
+      if (x < kRansLow || x >= (kRansLow << 8)) f = kFaultRansInitialState;
+    uint64_t position = task.first_position;
+    uint64_t bit_at = 0;
+    if (f == kFaultNone) {
+      const uint32_t vt = r.get_symbol(x1, value_slots);
+      const uint32_t n = token_extra_bits(vt);
+      const uint64_t symbol = token_base(vt) + r.raw_at(bit_at, n);
+      bit_at += n;
+      if (bit_at > bits_total) {
+        f = kFaultRawTruncated;
+      } else {
+        task.positions[0] = static_cast<int64_t>(position);
+        store_bits(task.new_bits, static_cast<uint32_t>(symbol), W);
+      }
+    }
+    // Chunks start at odd changes: change begin + k uses lanes 2/3 (gap/value) for even k.
+    for (uint32_t begin = 1; f == kFaultNone && begin < task.count; begin += kDecodeChunk) {
+      const uint32_t n = task.count - begin < kDecodeChunk ? task.count - begin : kDecodeChunk;
+      uint32_t k = 0;
+      for (; k + 1 < n; k += 2) {
+        chunk_gap[k] = static_cast<uint8_t>(r.get_symbol(x2, gap_slots));
+        chunk_value[k] = static_cast<uint8_t>(r.get_symbol(x3, value_slots));
+        chunk_gap[k + 1] = static_cast<uint8_t>(r.get_symbol(x0, gap_slots));
+        chunk_value[k + 1] = static_cast<uint8_t>(r.get_symbol(x1, value_slots));
+      }
+      if (k < n) {
+        chunk_gap[k] = static_cast<uint8_t>(r.get_symbol(x2, gap_slots));
+        chunk_value[k] = static_cast<uint8_t>(r.get_symbol(x3, value_slots));
+      }
+      if (r.rans_pos > r.rans_end) {
+        f = kFaultRansTruncated;
+        break;
+      }
+      for (k = 0; k < n; ++k) {
+        const uint32_t gt = chunk_gap[k], vt = chunk_value[k];
+        const uint32_t gap_n = token_extra_bits(gt), value_n = token_extra_bits(vt);
+        const uint64_t gap = token_base(gt) + r.raw_at(bit_at, gap_n);
+        const uint64_t value_raw = r.raw_at(bit_at + gap_n, value_n);
+        bit_at += gap_n + value_n;
+        // position + 1 + gap < numel, written so that nothing can overflow.
+        if (gap >= task.numel - position - 1) {
+          if (bit_at > bits_total) {
+            f = kFaultRawTruncated;
+          } else {
+            f = kFaultGapOutside;
+            fault.a = position;
+            fault.b = task.numel;
+          }
+          break;
+        }
+        position += gap + 1;
+        task.positions[begin + k] = static_cast<int64_t>(position);
+        store_bits(task.new_bits + uint64_t{begin + k} * W, static_cast<uint32_t>(token_base(vt) + value_raw), W);
+      }
+      if (f == kFaultNone && bit_at > bits_total) f = kFaultRawTruncated;
+    }
+    if (f == kFaultNone &&
+        (r.rans_pos != r.rans_end || x0 != kRansLow || x1 != kRansLow || x2 != kRansLow || x3 != kRansLow))
+      f = kFaultRansTrailing;
+    if (f == kFaultNone) {
+      // Everything consumed but fewer than 8 zero padding bits.
+      const uint64_t left = bits_total - bit_at;
+      if (left >= 8 || (left > 0 && r.raw_at(bit_at, static_cast<uint32_t>(left)) != 0)) f = kFaultRawTrailing;
+    }
+    fault.code = f;
+    return f;
+  }
 }
 
 inline constexpr unsigned kDecodeThreads = 32;
@@ -188,23 +292,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
   __shared__ uint16_t gap_freq[kGapTokens], gap_start[kGapTokens];
   __shared__ uint16_t value_freq[kMaxValueTokens], value_start[kMaxValueTokens];
   __shared__ uint32_t num_gap_symbols, num_value_symbols, block_fault;
+  __shared__ uint8_t chunk_gap[kDecodeChunk], chunk_value[kDecodeChunk];
   const CompactDecodeTask task = tasks[blockIdx.x];
   const uint32_t W = task.width;
   CompactBlockFault fault{kFaultNone, 0, 0, 0};
 
   // Tables (lane 0), then the slot lookups and the staged streams (whole warp).
   if (threadIdx.x == 0) {
-    uint32_t at = 0;
-    num_gap_symbols = read_table(task.payload, at, task.table_bytes, kGapTokens, task.count > 1, gap_freq, gap_start,
-                                 fault);
-    if (fault.code == kFaultNone) {
-      fault.value_table = 1;
-      num_value_symbols = read_table(task.payload, at, task.table_bytes, value_token_limit(W), true, value_freq,
-                                     value_start, fault);
-    }
-    if (fault.code == kFaultNone && at != task.table_bytes) fault.code = kFaultTablesTrailing;
-    if (fault.code == kFaultNone && task.rans_bytes < 16) fault.code = kFaultRansTruncated;
-    block_fault = fault.code;
+    block_fault = read_tables(task, gap_freq, gap_start, value_freq, value_start, num_gap_symbols, num_value_symbols,
+                              fault);
   }
   __syncwarp();
   if (block_fault != kFaultNone) {
@@ -214,8 +310,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
     return;
   }
-  fill_slots(num_gap_symbols, gap_freq, gap_start, gap_slots);
-  fill_slots(num_value_symbols, value_freq, value_start, value_slots);
+  fill_slots(num_gap_symbols, gap_freq, gap_start, gap_slots, threadIdx.x, kDecodeThreads);
+  fill_slots(num_value_symbols, value_freq, value_start, value_slots, threadIdx.x, kDecodeThreads);
   const uint8_t* streams = task.payload + task.table_bytes;  // rANS stream, then raw bits
   const uint64_t stream_bytes = uint64_t{task.rans_bytes} + task.bits_bytes;
   if (stream_bytes <= staged_capacity) {
@@ -224,59 +320,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   __syncwarp();
 
-  // Serial decode (lane 0): positions, and the value symbols parked in new_bits.
   if (threadIdx.x == 0) {
-    Reader r{streams, 16, task.rans_bytes, streams + task.rans_bytes, uint64_t{task.bits_bytes} * 8};
-    uint32_t x0 = load_bits(streams, 4), x1 = load_bits(streams + 4, 4), x2 = load_bits(streams + 8, 4),
-             x3 = load_bits(streams + 12, 4);
-    for (const uint32_t x : {x0, x1, x2, x3})
-      if (x < kRansLow || x >= (kRansLow << 8)) r.fault = kFaultRansInitialState;
-    uint64_t position = task.first_position;
-    // Change i: gap token (i >= 1) on lane x_gap, its raw bits, the range check, then the
-    // value token on lane x_value and its raw bits -- the CPU's order, so the same first
-    // defect is found.
-    const auto change = [&](uint32_t i, uint32_t& x_gap, uint32_t& x_value) {
-      if (i > 0) {
-        const uint32_t gt = r.get_symbol(x_gap, gap_slots);
-        if (r.fault != kFaultNone) return false;
-        const uint64_t gap = token_base(gt) + r.get_bits(token_extra_bits(gt));
-        if (r.fault != kFaultNone) return false;
-        // position + 1 + gap < numel, written so that nothing can overflow.
-        if (gap >= task.numel - position - 1) {
-          fault.a = position;
-          fault.b = task.numel;
-          r.fault = kFaultGapOutside;
-          return false;
-        }
-        position += gap + 1;
-      }
-      task.positions[i] = static_cast<int64_t>(position);
-      const uint32_t vt = r.get_symbol(x_value, value_slots);
-      if (r.fault != kFaultNone) return false;
-      uint32_t symbol = vt;
-      if (vt >= 16) symbol = static_cast<uint32_t>(token_base(vt) + r.get_bits(token_extra_bits(vt)));
-      if (r.fault != kFaultNone) return false;
-      store_bits(task.new_bits + uint64_t{i} * W, symbol, W);
-      return true;
-    };
-    if (r.fault == kFaultNone && change(0, x0, x1)) {
-      // Odd changes use lanes 2 (gap) and 3 (value), even ones lanes 0 and 1.
-      for (uint32_t i = 1; i < task.count; i += 2) {
-        if (!change(i, x2, x3)) break;
-        if (i + 1 < task.count && !change(i + 1, x0, x1)) break;
-      }
-    }
-    if (r.fault == kFaultNone &&
-        (r.rans_pos != r.rans_end || x0 != kRansLow || x1 != kRansLow || x2 != kRansLow || x3 != kRansLow))
-      r.fault = kFaultRansTrailing;
-    if (r.fault == kFaultNone) {
-      // Clean end: fewer than 8 bits left, and those are zero padding.
-      const uint64_t left = r.bits_left;
-      if (left >= 8 || (left > 0 && r.get_bits(static_cast<uint32_t>(left)) != 0)) r.fault = kFaultRawTrailing;
-    }
-    fault.code = r.fault;
-    block_fault = r.fault;
-    if (r.fault != kFaultNone) {
+    block_fault = decode_serial(task, streams, gap_slots, value_slots, chunk_gap, chunk_value, fault);
+    if (block_fault != kFaultNone) {
       faults[blockIdx.x] = fault;
       atomicMin(&status->first_bad_block, blockIdx.x);
     }

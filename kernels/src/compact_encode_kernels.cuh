@@ -1,13 +1,13 @@
 // Kernels of the GPU compact encoder, in launch order (host dispatch: compact_encoder.cu):
 //   1. encode_blocks   one thread block per compact block, in phases separated by barriers:
-//                      a. every thread takes a contiguous run of changes: tokens (kept in the
-//                         block's scratch), shared histograms, and its count of raw bits;
+//                      a. every thread of warps 1.. takes a contiguous run of changes: tokens
+//                         (kept in the block's scratch), shared histograms, its raw-bit count;
 //                      b. thread 0 quantizes the two tables (the CPU's exact integer rule),
 //                         writes them and the encoder view of every symbol, and scans the
 //                         raw-bit counts into bit offsets;
-//                      c. every thread writes its changes' raw bits at their offsets (OR into
-//                         zeroed 32-bit words: neighbouring runs share a word at their border);
-//                      d. four threads of warp 0, one per rANS lane, run the four state chains
+//                      c. the same threads write their changes' raw bits at their offsets (OR
+//                         into zeroed 32-bit words: neighbouring runs share a word at a border);
+//                      d. meanwhile four threads of warp 0, one per rANS lane, run the four chains
 //                         in lockstep (the chains are independent; only their bytes interleave)
 //                         and record per symbol how many bytes it emitted and which;
 //                      e. every thread scans those counts over a contiguous run of symbols and
@@ -50,7 +50,7 @@ struct CompactBlockSizes {
   uint32_t rans_begin;  // offset of the rANS stream inside the scratch slot
 };
 
-inline constexpr unsigned kCompactEncodeThreads = 128;
+inline constexpr unsigned kCompactEncodeThreads = 256;  // short per-thread runs in the parallel phases
 
 // Scratch slot of a block of `count` changes (every region 16-byte aligned): tables; tokens
 // (gap then value, one byte each); one 32-bit emit record per rANS symbol (2 count - 1); the
@@ -168,8 +168,13 @@ __global__ void __launch_bounds__(kCompactEncodeThreads)
   for (uint32_t s = tid; s < kGapTokens; s += T) gap_hist[s] = 0;
   for (uint32_t s = tid; s < kMaxValueTokens; s += T) value_hist[s] = 0;
   __syncthreads();
-  const uint32_t run = (count + T - 1) / T;
-  const uint32_t run_begin = min(count, tid * run), run_end = min(count, run_begin + run);
+  // Phases a and c run on the warps after the first (warp 0 runs the rANS chains in phase d,
+  // concurrently with phase c); runs are per worker, the same in both phases.
+  const unsigned workers = T - 32;
+  const unsigned worker = tid - 32;  // wraps for warp 0, which has no run
+  const uint32_t run = (count + workers - 1) / workers;
+  const uint32_t run_begin = tid < 32 ? count : min(count, worker * run);
+  const uint32_t run_end = tid < 32 ? count : min(count, run_begin + run);
   {
     uint64_t bits = 0;
     for (uint32_t i = run_begin; i < run_end; ++i) {
@@ -185,7 +190,7 @@ __global__ void __launch_bounds__(kCompactEncodeThreads)
       atomicAdd(&value_hist[v.token], 1u);
       bits += v.extra_bits;
     }
-    bit_base[tid] = bits;
+    if (tid >= 32) bit_base[worker] = bits;
   }
   __syncthreads();
 
@@ -202,7 +207,7 @@ __global__ void __launch_bounds__(kCompactEncodeThreads)
       if (gap_freq[s] != 0) enc[s] = enc_symbol(gap_start[s], gap_freq[s]);
     for (uint32_t s = 0; s < value_symbols; ++s)
       if (value_freq[s] != 0) enc[kGapTokens + s] = enc_symbol(value_start[s], value_freq[s]);
-    total_bits = exclusive_scan_serial(bit_base, T);
+    total_bits = exclusive_scan_serial(bit_base, workers);
     sizes[blockIdx.x].table_bytes = table_bytes;
   }
   __syncthreads();
@@ -211,8 +216,8 @@ __global__ void __launch_bounds__(kCompactEncodeThreads)
   const uint64_t words = (total_bits + 31) / 32;
   for (uint64_t w = tid; w < words; w += T) bit_words[w] = 0;
   __syncthreads();
-  {
-    uint64_t offset = bit_base[tid];
+  if (tid >= 32) {
+    uint64_t offset = bit_base[worker];
     for (uint32_t i = run_begin; i < run_end; ++i) {
       if (i > 0) {
         const uint32_t n = token_extra_bits(gap_tokens[i]);
@@ -241,16 +246,18 @@ __global__ void __launch_bounds__(kCompactEncodeThreads)
     const int64_t stop = is_value ? 0 : 1;  // change 0 has no gap
     int64_t i = (static_cast<uint32_t>(last) & 1) == parity ? last : last - 1;
     uint32_t x = kRansLow;
-    uint32_t token = i >= stop ? tokens[i] : 0;
+    // The next symbol's token and table entry are loaded one step ahead, off the state chain.
+    EncSymbol e = table[i >= stop ? tokens[i] : 0];
+    uint32_t next_token = i - 2 >= stop ? tokens[i - 2] : 0;
     for (; i >= stop; i -= 2) {
-      const uint32_t next = i - 2 >= stop ? tokens[i - 2] : 0;  // load ahead of the chain
-      const EncSymbol e = table[token];
-      const uint32_t k = static_cast<uint32_t>(x >= e.x_max) + static_cast<uint32_t>(x >= e.x_max2);
+      const EncSymbol current = e;
+      e = table[next_token];
+      next_token = i - 4 >= stop ? tokens[i - 4] : 0;
+      const uint32_t k = static_cast<uint32_t>(x >= current.x_max) + static_cast<uint32_t>(x >= current.x_max2);
       emit[2 * static_cast<uint64_t>(last - i) + (is_value ? 0 : 1)] = k | (x & 0xFFu) << 8 | ((x >> 8) & 0xFFu) << 16;
       x >>= 8 * k;
-      const uint32_t q = __umulhi(x, e.rcp_freq) >> (e.rcp_shift - 32);
-      x += e.bias + q * e.cmpl_freq;
-      token = next;
+      const uint32_t q = __umulhi(x, current.rcp_freq) >> (current.rcp_shift - 32);
+      x += current.bias + q * current.cmpl_freq;
     }
     final_state[tid] = x;
   }

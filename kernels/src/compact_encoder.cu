@@ -14,6 +14,7 @@
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
 #include "deltasync/error.hpp"
+#include "deltasync/parallel.hpp"
 #include "device_buffers.cuh"
 #include "nvtx_ranges.cuh"
 
@@ -159,17 +160,25 @@ std::vector<compact::EncodedTensor> CompactEncoder::encode(std::span<const Tenso
         "compact encode: download");
   check(cudaStreamSynchronize(stream), "compact encode: synchronize");
 
+  // Out of the pinned buffer into the owning vectors, one task per tensor (page faults and
+  // copies of a many-tensor model spread over the CPU twin's worker pool).
   std::vector<compact::EncodedTensor> out;
-  const uint8_t* index_host = s.download.data();
-  const uint8_t* payload_host = s.download.data() + index_bytes;
+  std::vector<size_t> source;
   for (size_t t = 0; t < T; ++t) {
     if (first_task[t] == first_task[t + 1]) continue;
     compact::EncodedTensor& e = out.emplace_back();
     e.name = tensors[t].name;
     e.changed = offsets[t + 1] - offsets[t];
-    e.block_index.assign(index_host + index_offset[t], index_host + index_offset[t + 1]);
-    e.payload.assign(payload_host + payload_offsets[first_task[t]], payload_host + payload_offsets[first_task[t + 1]]);
+    source.push_back(t);
   }
+  const uint8_t* index_host = s.download.data();
+  const uint8_t* payload_host = s.download.data() + index_bytes;
+  parallel_for(out.size(), [&](size_t i) {
+    const size_t t = source[i];
+    out[i].block_index.assign(index_host + index_offset[t], index_host + index_offset[t + 1]);
+    out[i].payload.assign(payload_host + payload_offsets[first_task[t]],
+                          payload_host + payload_offsets[first_task[t + 1]]);
+  });
   return out;
 }
 

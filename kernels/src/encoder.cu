@@ -78,6 +78,8 @@ struct Encoder::State {
   DeviceArray<uint8_t> tile_storage;  // the select's look-back state, one entry per chunk
   size_t tile_storage_bytes = 0;
   DeviceArray<uint64_t> chunk_prefix;
+  DeviceArray<unsigned int> next_tile;  // the select's tile dispenser
+  int select_blocks = 0;                // the select's grid: blocks resident at once
 
   // Outputs, sized by the largest step so far.
   int64_t capacity = 0;  // changed elements the output buffers can hold
@@ -116,6 +118,7 @@ struct Encoder::State {
 
   size_t workspace() const {
     return tensors.bytes() + starts.bytes() + chunk_tensor.bytes() + tile_storage.bytes() + chunk_prefix.bytes() +
+           next_tile.bytes() +
            indices.bytes() + values.bytes() + base_values.bytes() + strided_values.bytes() +
            strided_base_values.bytes() + offsets.bytes() + value_offsets.bytes() + counts.bytes();
   }
@@ -218,10 +221,13 @@ cudaError_t Encoder::State::run_pipeline(cudaStream_t stream) {
   uint8_t* select_values = uniform_width ? values.data() : strided_values.data();
   uint8_t* select_base_values = uniform_width ? base_values.data() : strided_base_values.data();
   if (num_chunks > 0) {
-    const detail::SelectParams select{chunk_tensor.data(), tensors.data(),       {},       num_chunks,
-                                      chunk_prefix.data(), indices.data(),       select_values,
-                                      select_base_values,  max_width,            capacity, counts.data()};
-    DELTASYNC_RETURN_IF_ERROR(detail::select_changed(select, tile_storage.data(), tile_storage_bytes, stream));
+    if (select_blocks == 0) DELTASYNC_RETURN_IF_ERROR(detail::select_resident_blocks(sm_count, select_blocks));
+    DELTASYNC_RETURN_IF_ERROR(next_tile.reserve(1));
+    const detail::SelectParams select{chunk_tensor.data(), tensors.data(), {},         next_tile.data(),
+                                      num_chunks,          chunk_prefix.data(), indices.data(), select_values,
+                                      select_base_values,  max_width,           capacity,       counts.data()};
+    DELTASYNC_RETURN_IF_ERROR(
+        detail::select_changed(select, tile_storage.data(), tile_storage_bytes, select_blocks, stream));
   } else {
     DELTASYNC_RETURN_IF_ERROR(cudaMemsetAsync(counts.data(), 0, sizeof(EncodeCounts), stream));
   }

@@ -5,9 +5,10 @@
 // for cuda::Applier. Both refuse bad input with the CPU twin's one-line messages.
 //
 // Work split: every compact block (block_elements changes of one tensor) is coded by one CUDA
-// thread block. Per-change transforms and histograms use all its threads; the rANS chain and
-// the raw-bit stream are serial by nature and run on one thread each (concurrently, in
-// different warps); decode gathers base bits with the whole warp after the serial pass.
+// thread block. Encode: tokens, histograms and raw bits use all its threads; the four rANS
+// lanes are independent chains, run by four threads in lockstep, and their bytes are placed
+// by a scan. Decode: one warp per block; the shared rANS stream makes the token decode serial
+// (one thread), then the warp gathers the base bits.
 #pragma once
 #include <cuda_runtime_api.h>
 
