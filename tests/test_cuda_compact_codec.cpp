@@ -2,7 +2,9 @@
 // the same .cindex/.cdata bytes for every width, density, kind of change and block size; decode
 // returns the same positions, new bits and base bits, which cuda::Applier turns into the new
 // weights; and every corrupt payload is refused with the CPU twin's exact message, leaving the
-// base as it was. Every test skips where no CUDA device exists.
+// base as it was. Every test skips where no CUDA device exists, except CompactBlockLogic: the
+// device's per-block decode logic is plain host/device code, run here on the host against the
+// CPU decoder, so that a change to the CPU decoder's order of checks is caught without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -20,6 +22,9 @@
 #include "deltasync/cuda/engine.hpp"
 #include "deltasync/error.hpp"
 #include "deltasync/training_sim.hpp"
+// White-box: the block logic the decode kernel runs (and its message text), compiled for the host.
+#include "../kernels/src/compact_decode_kernels.cuh"
+#include "../kernels/src/compact_fault_text.hpp"
 
 namespace ds = deltasync;
 namespace compact = deltasync::compact;
@@ -728,6 +733,138 @@ TEST_F(CudaCompactCorrupt, RandomByteFlipsGiveTheCpuOutcome) {
     c.e.payload = saved_payload;
   }
   EXPECT_GT(refused, 150);
+}
+
+// ---- the decode kernel's block logic on the host, against the CPU decoder ---------------------
+
+namespace block_logic {
+
+namespace detail = deltasync::cuda::detail;
+
+uint64_t read_le(const uint8_t* p, int n) {
+  uint64_t v = 0;
+  for (int k = 0; k < n; ++k) v |= uint64_t{p[k]} << (8 * k);
+  return v;
+}
+
+// What decode_blocks + check_block_order do for a tensor whose block index is valid: per block
+// the tables, the slot lookups, the serial decode and the gather; then block order. Returns the
+// error message (label "fuzz", the first bad block) or fills `out`.
+std::string emulate_decode(const compact::EncodedTensor& e, const std::vector<uint8_t>& base, uint64_t numel,
+                           uint32_t w, ds::SparseDelta& out) {
+  const auto num_blocks = static_cast<uint32_t>(read_le(e.block_index.data() + 20, 4));
+  const uint64_t changed = read_le(e.block_index.data(), 8);
+  out.indices.assign(changed, 0);
+  out.values.assign(changed * w, 0);
+  out.base_values.assign(changed * w, 0);
+  const std::string where = "fuzz: tensor " + e.name + ": block ";
+  std::vector<uint32_t> gap_slots(4096), value_slots(4096);
+  std::vector<uint64_t> firsts;
+  uint64_t first = 0;
+  for (uint32_t b = 0; b < num_blocks; ++b) {
+    const uint8_t* r = e.block_index.data() + 24 + 32 * size_t{b};
+    const detail::CompactDecodeTask task{e.payload.data() + read_le(r + 8, 8),
+                                         base.data(),
+                                         out.indices.data() + first,
+                                         out.values.data() + first * w,
+                                         out.base_values.data() + first * w,
+                                         read_le(r, 8),
+                                         numel,
+                                         static_cast<uint32_t>(read_le(r + 16, 4)),
+                                         static_cast<uint32_t>(read_le(r + 20, 4)),
+                                         static_cast<uint32_t>(read_le(r + 24, 4)),
+                                         static_cast<uint32_t>(read_le(r + 28, 4)),
+                                         w,
+                                         b};
+    firsts.push_back(first);
+    first += task.count;
+    detail::CompactBlockFault fault{detail::kFaultNone, 0, 0, 0};
+    uint16_t gap_freq[256], gap_start[256], value_freq[128], value_start[128];
+    uint32_t num_gap = 0, num_value = 0;
+    if (detail::compact_decode::read_tables(task, gap_freq, gap_start, value_freq, value_start, num_gap, num_value,
+                                            fault) != detail::kFaultNone)
+      return where + std::to_string(b) + ": " + detail::describe_fault(fault);
+    detail::compact_decode::fill_slots(num_gap, gap_freq, gap_start, gap_slots.data(), 0, 1);
+    detail::compact_decode::fill_slots(num_value, value_freq, value_start, value_slots.data(), 0, 1);
+    uint8_t chunk_gap[detail::compact_decode::kDecodeChunk], chunk_value[detail::compact_decode::kDecodeChunk];
+    if (detail::compact_decode::decode_serial(task, task.payload + task.table_bytes, gap_slots.data(),
+                                              value_slots.data(), chunk_gap, chunk_value,
+                                              fault) != detail::kFaultNone)
+      return where + std::to_string(b) + ": " + detail::describe_fault(fault);
+    for (uint32_t j = 0; j < task.count; ++j) {
+      const uint32_t old = load(base, static_cast<uint64_t>(task.positions[j]), w);
+      uint32_t symbol = 0;
+      std::memcpy(&symbol, task.new_bits + size_t{j} * w, w);
+      std::memcpy(task.base_bits + size_t{j} * w, &old, w);
+      const uint32_t bits = compact::apply_value_symbol(symbol, old, w);
+      std::memcpy(task.new_bits + size_t{j} * w, &bits, w);
+    }
+  }
+  for (uint32_t b = 1; b < num_blocks; ++b)
+    if (out.indices[firsts[b]] <= out.indices[firsts[b] - 1])
+      return where + std::to_string(b) + " starts at position " + std::to_string(out.indices[firsts[b]]) +
+             ", not after the previous block's last (" + std::to_string(out.indices[firsts[b] - 1]) + ")";
+  return "";
+}
+
+}  // namespace block_logic
+
+TEST(CompactBlockLogic, DecodesAndRefusesExactlyLikeTheCpuDecoder) {
+  // Bit flips in the payloads and shifted borders between a block's sections (the index stays
+  // valid, so every defect reaches the block decoder), for every width and several block sizes.
+  int refused = 0, decoded = 0;
+  for (ds::DType dtype : kOneOfEachWidth) {
+    for (uint32_t block : {37u, 500u, 16384u}) {
+      const uint32_t w = ds::dtype_width(dtype);
+      std::mt19937_64 rng(block + w);
+      Model m;
+      m.add("layer.w", dtype, 30000);
+      fill_base(m.base[0], w, rng, true);
+      make_changes(m, 0, 0.05, Change::Random, rng);
+      m.encode();
+      compact::Options options;
+      options.block_elements = block;
+      const compact::EncodedTensor original = compact::encode(m.meta, m.delta.view(), options).at(0);
+      SCOPED_TRACE(std::string(ds::dtype_name(dtype)) + " block " + std::to_string(block));
+      for (int trial = 0; trial < 1500; ++trial) {
+        compact::EncodedTensor e = original;
+        if (trial > 0) {
+          const int flips = 1 + static_cast<int>(rng() % 3);
+          for (int k = 0; k < flips; ++k) e.payload[rng() % e.payload.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+          if (rng() % 2 == 0) {  // move the border between tables and rANS, or rANS and raw bits
+            const auto blocks = static_cast<uint32_t>(block_logic::read_le(e.block_index.data() + 20, 4));
+            uint8_t* record = e.block_index.data() + 24 + 32 * size_t{rng() % blocks};
+            const size_t at = 20 + 4 * (rng() % 2);
+            const int64_t shift = static_cast<int64_t>(rng() % 11) - 5;
+            uint32_t a = 0, b = 0;
+            std::memcpy(&a, record + at, 4);
+            std::memcpy(&b, record + at + 4, 4);
+            if (static_cast<int64_t>(a) + shift >= 0 && static_cast<int64_t>(b) - shift >= 0) {
+              a = static_cast<uint32_t>(a + shift);
+              b = static_cast<uint32_t>(b - shift);
+              std::memcpy(record + at, &a, 4);
+              std::memcpy(record + at + 4, &b, 4);
+            }
+          }
+        }
+        const std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload}};
+        const Outcome cpu = cpu_decode(views, m, "fuzz");
+        ds::SparseDelta gpu;
+        const std::string gpu_error = block_logic::emulate_decode(e, m.base[0], m.meta[0].numel(), w, gpu);
+        ASSERT_EQ(gpu_error, cpu.error) << "trial " << trial;
+        if (cpu.error.empty()) {
+          ASSERT_EQ(gpu.indices, cpu.storage.indices) << "trial " << trial;
+          ASSERT_EQ(gpu.values, cpu.storage.values) << "trial " << trial;
+          ASSERT_EQ(gpu.base_values, cpu.storage.base_values) << "trial " << trial;
+          ++decoded;
+        } else {
+          ++refused;
+        }
+      }
+    }
+  }
+  EXPECT_GT(refused, 5000);
+  EXPECT_GT(decoded, 9);  // at least the untouched payloads
 }
 
 }  // namespace

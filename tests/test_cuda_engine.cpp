@@ -94,6 +94,18 @@ class CudaEngineTest : public testing::Test {
   cudaStream_t stream_ = nullptr;
 };
 
+// Every encode test runs with both select strategies.
+class CudaEncodeTest : public CudaEngineTest, public testing::WithParamInterface<cuda::SelectStrategy> {
+ protected:
+  cuda::EncoderOptions options() const { return cuda::EncoderOptions{GetParam()}; }
+};
+
+INSTANTIATE_TEST_SUITE_P(Select, CudaEncodeTest,
+                         testing::Values(cuda::SelectStrategy::kTwoPass, cuda::SelectStrategy::kSinglePass),
+                         [](const testing::TestParamInfo<cuda::SelectStrategy>& info) {
+                           return info.param == cuda::SelectStrategy::kTwoPass ? "TwoPass" : "SinglePass";
+                         });
+
 // ---------------------------------------------------------------------------------------------
 // A set of tensors mirrored on the host (for the CPU twin) and on the device (for the encoder).
 // Both sides start from the same shadow; every step changes `current` identically on both, then
@@ -203,19 +215,19 @@ const std::vector<uint64_t> kEdgeSizes = {0,   1,   2,    3,    7,    8,    9,  
 // ---------------------------------------------------------------------------------------------
 // Encode
 
-TEST_F(CudaEngineTest, EncodeMatchesCpuAcrossEdgeSizesAndWidths) {
+TEST_P(CudaEncodeTest, EncodeMatchesCpuAcrossEdgeSizesAndWidths) {
   for (uint32_t width : {1u, 2u, 4u}) {
     TwinModel model;
     for (size_t k = 0; k < kEdgeSizes.size(); ++k)
       model.add("w" + std::to_string(width) + "_n" + std::to_string(kEdgeSizes[k]), width, kEdgeSizes[k], 100 + k);
     model.change(0.03, width);
-    cuda::Encoder encoder;
+    cuda::Encoder encoder(options());
     EXPECT_GT(model.encode_and_compare(encoder, stream_), 0u) << "width " << width;
   }
 }
 
-TEST_F(CudaEngineTest, EncodeMatchesCpuForEachSizeAlone) {
-  cuda::Encoder encoder;  // one encoder across different sets: the cached tables must follow
+TEST_P(CudaEncodeTest, EncodeMatchesCpuForEachSizeAlone) {
+  cuda::Encoder encoder(options());  // one encoder across different sets: the cached tables must follow
   for (uint32_t width : {1u, 2u, 4u}) {
     for (uint64_t numel : kEdgeSizes) {
       TwinModel model;
@@ -228,7 +240,7 @@ TEST_F(CudaEngineTest, EncodeMatchesCpuForEachSizeAlone) {
 
 // Views into flat buffers: width-aligned but not 16-byte aligned, so the select takes its
 // element-wise path; mixed with aligned tensors of every width in one set.
-TEST_F(CudaEngineTest, EncodeMatchesCpuForTensorsNotAlignedTo16Bytes) {
+TEST_P(CudaEncodeTest, EncodeMatchesCpuForTensorsNotAlignedTo16Bytes) {
   TwinModel model;
   uint64_t seed = 500;
   for (uint32_t width : {1u, 2u, 4u}) {
@@ -240,34 +252,34 @@ TEST_F(CudaEngineTest, EncodeMatchesCpuForTensorsNotAlignedTo16Bytes) {
     }
   }
   model.change(0.05, 77);
-  cuda::Encoder encoder;
+  cuda::Encoder encoder(options());
   EXPECT_GT(model.encode_and_compare(encoder, stream_), 0u);
 }
 
 // One width per set: the select writes values packed directly (no strided scratch), and a set's
 // last chunk ends inside its last tensor.
-TEST_F(CudaEngineTest, EncodeMatchesCpuForSingleWidthSets) {
+TEST_P(CudaEncodeTest, EncodeMatchesCpuForSingleWidthSets) {
   for (uint32_t width : {1u, 2u, 4u}) {
     TwinModel model;
     model.add("a", width, 4096 * 3 + 17, width);
     model.add("empty", width, 0, width + 1);
     model.add("b", width, 70000, width + 2);
     model.change(0.02, width + 3);
-    cuda::Encoder encoder;
+    cuda::Encoder encoder(options());
     EXPECT_GT(model.encode_and_compare(encoder, stream_), 0u) << "width " << width;
     model.change(0.5, width + 4);
     EXPECT_GT(model.encode_and_compare(encoder, stream_), 0u) << "width " << width;
   }
 }
 
-TEST_F(CudaEngineTest, EncodeOfNothingChangedIsEmpty) {
+TEST_P(CudaEncodeTest, EncodeOfNothingChangedIsEmpty) {
   TwinModel model;
   for (uint32_t width : {1u, 2u, 4u}) model.add("same" + std::to_string(width), width, 10007, width);
-  cuda::Encoder encoder;
+  cuda::Encoder encoder(options());
   EXPECT_EQ(model.encode_and_compare(encoder, stream_), 0u);
 }
 
-TEST_F(CudaEngineTest, EncodeOfEverythingChangedHasEveryPosition) {
+TEST_P(CudaEncodeTest, EncodeOfEverythingChangedHasEveryPosition) {
   TwinModel model;
   uint64_t total = 0;
   for (uint32_t width : {1u, 2u, 4u}) {
@@ -277,11 +289,11 @@ TEST_F(CudaEngineTest, EncodeOfEverythingChangedHasEveryPosition) {
     }
   }
   model.change_all();
-  cuda::Encoder encoder;
+  cuda::Encoder encoder(options());
   EXPECT_EQ(model.encode_and_compare(encoder, stream_), total);
 }
 
-TEST_F(CudaEngineTest, EncodeComparesBitsNotFloatValues) {
+TEST_P(CudaEncodeTest, EncodeComparesBitsNotFloatValues) {
   TwinModel model;
   model.add("fp8", 1, 8, 1);
   model.add("bf16", 2, 8, 2);
@@ -299,11 +311,11 @@ TEST_F(CudaEngineTest, EncodeComparesBitsNotFloatValues) {
   model.set_shadow_and_current(0, 7, 0x7F, 0x7F);
   model.set_shadow_and_current(1, 7, 0x7FC1, 0x7FC1);
   model.set_shadow_and_current(2, 7, 0x7FC00001, 0x7FC00001);
-  cuda::Encoder encoder;
+  cuda::Encoder encoder(options());
   EXPECT_EQ(model.encode_and_compare(encoder, stream_), 9u);
 }
 
-TEST_F(CudaEngineTest, EncodeOfHundredsOfSmallMixedTensorsIsOneCall) {
+TEST_P(CudaEncodeTest, EncodeOfHundredsOfSmallMixedTensorsIsOneCall) {
   TwinModel model;
   std::mt19937_64 rng(42);
   for (int t = 0; t < 600; ++t) {
@@ -311,18 +323,18 @@ TEST_F(CudaEngineTest, EncodeOfHundredsOfSmallMixedTensorsIsOneCall) {
     model.add("layer." + std::to_string(t), width, rng() % 700, 1000 + t);
   }
   model.change(0.05, 7);
-  cuda::Encoder encoder;
+  cuda::Encoder encoder(options());
   EXPECT_GT(model.encode_and_compare(encoder, stream_), 0u);
 }
 
-TEST_F(CudaEngineTest, RepeatedEncodesGrowOnlyWhenNeededAndReuseBuffers) {
+TEST_P(CudaEncodeTest, RepeatedEncodesGrowOnlyWhenNeededAndReuseBuffers) {
   // Three million bf16 elements: more than the encoder's first output capacity, so the dense
   // step must grow and rerun the select (the shadow must survive the aborted first pass).
   TwinModel model;
   model.add("embed", 2, 3'000'000, 1);
   model.add("odd", 1, 4099, 2);
   model.add("norm", 4, 513, 3);
-  cuda::Encoder encoder;
+  cuda::Encoder encoder(options());
 
   model.change(0.001, 10);
   model.encode_and_compare(encoder, stream_);
@@ -348,7 +360,7 @@ TEST_F(CudaEngineTest, RepeatedEncodesGrowOnlyWhenNeededAndReuseBuffers) {
 
 // More than 2^31 elements in one tensor and in the set. Needs ~4.3 GB of device memory; the data
 // is all zeros except a few known changes, so the expected result is written down directly.
-TEST_F(CudaEngineTest, EncodeHandlesMoreThanTwoToThe31Elements) {
+TEST_P(CudaEncodeTest, EncodeHandlesMoreThanTwoToThe31Elements) {
   const uint64_t big = (uint64_t{1} << 31) + 100;
   size_t free_bytes = 0, total_bytes = 0;
   cuda::check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
@@ -367,7 +379,7 @@ TEST_F(CudaEngineTest, EncodeHandlesMoreThanTwoToThe31Elements) {
 
   const std::vector<EncodeItem> items = {{"small", small_current.get(), small_shadow.get(), 5, 1},
                                          {"big", big_current.get(), big_shadow.get(), big, 1}};
-  cuda::Encoder encoder;
+  cuda::Encoder encoder(options());
   cuda::check(encoder.encode(items, stream_), "encode");
   cuda::check(encoder.stage(stream_), "stage");
   cuda::check(cudaStreamSynchronize(stream_), "synchronize");
@@ -646,7 +658,7 @@ TEST(CudaEngineHostChecks, DescribeWordsEveryFailureLikeTheCpuTwin) {
 // Encode then apply, all on the device: a base copy patched with the encoder's device arrays
 // becomes bit-identical to the current weights.
 
-TEST_F(CudaEngineTest, EncodedDeltaAppliedToTheBaseReproducesCurrent) {
+TEST_P(CudaEncodeTest, EncodedDeltaAppliedToTheBaseReproducesCurrent) {
   const std::vector<std::pair<uint32_t, uint64_t>> shapes = {{2, 123457}, {1, 4096}, {4, 999}, {2, 0}, {2, 70000}};
   std::vector<std::vector<uint8_t>> base, current;
   std::vector<std::unique_ptr<DeviceBytes>> device_current, device_shadow, device_target;
@@ -670,7 +682,7 @@ TEST_F(CudaEngineTest, EncodedDeltaAppliedToTheBaseReproducesCurrent) {
     items.push_back({names[t], device_current[t]->get(), device_shadow[t]->get(), numel, width});
     targets.push_back({names[t], device_target[t]->get(), numel, width});
   }
-  cuda::Encoder encoder;
+  cuda::Encoder encoder(options());
   cuda::check(encoder.encode(items, stream_), "encode");
   cuda::check(encoder.stage(stream_), "stage");
   cuda::check(cudaStreamSynchronize(stream_), "synchronize");

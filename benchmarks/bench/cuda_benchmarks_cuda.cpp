@@ -196,12 +196,12 @@ void full_copy(State& state) {
 Registration full_copy_cuda(Benchmark{"full_copy", "cuda", kDenseAxes, "baseline: device copy of every weight (what a dense sync moves)",
                                       full_copy});
 
-void encode(State& state) {
+void encode_with(State& state, deltasync::cuda::SelectStrategy select) {
   const double k_est = state.changed_share() * static_cast<double>(state.elements());
   auto f = make_device_fixture(state, 3, k_est * (8 + 2 * state.width()) * 2);
   if (!f) return;
   Gpu& gpu = Gpu::get();
-  deltasync::cuda::Encoder encoder;
+  deltasync::cuda::Encoder encoder(deltasync::cuda::EncoderOptions{select});
   const auto items = f->encode_items();
   const double n = static_cast<double>(f->host->model.total_elements());
   state.declare(n, 2 * n * f->host->model.width());
@@ -222,8 +222,15 @@ void encode(State& state) {
   state.add_note("peak_workspace", format_bytes(static_cast<double>(encoder.peak_workspace_bytes())));
 }
 
+void encode(State& state) { encode_with(state, deltasync::cuda::SelectStrategy::kTwoPass); }
+void encode_single_pass(State& state) { encode_with(state, deltasync::cuda::SelectStrategy::kSinglePass); }
+
 Registration encode_cuda(Benchmark{"encode", "cuda", kModelAxes,
-                                   "diff + CUB compaction + shadow update on the device (one host sync)", encode});
+                                   "diff + compaction + shadow update on the device (two-pass select, the default; one host sync)",
+                                   encode});
+Registration encode_single_pass_cuda(Benchmark{"encode_single_pass", "cuda", kModelAxes,
+                                               "the same with the single-pass (decoupled look-back) select",
+                                               encode_single_pass});
 
 void stage(State& state) {
   const double k_est = state.changed_share() * static_cast<double>(state.elements());

@@ -30,6 +30,17 @@ void encode_on(Backend backend, std::span<const EncodeItem> items, SparseDelta& 
   cpu::encode(items, out);
 }
 
+void encode_compact_on(Backend backend, std::span<const EncodeItem> items, std::span<const TensorMeta> tensors,
+                       const compact::Options& options, SparseDelta& out,
+                       std::vector<compact::EncodedTensor>& encoded) {
+#ifdef DELTASYNC_WITH_CUDA
+  if (backend == Backend::Cuda) return encode_cuda(items, out, tensors, options, &encoded);
+#endif
+  (void)backend;
+  cpu::encode(items, out);
+  encoded = compact::encode(tensors, out.view(), options);
+}
+
 void apply_on(Backend backend, std::span<const TensorRef> targets, std::span<const PatchRef> patches) {
 #ifdef DELTASYNC_WITH_CUDA
   if (backend == Backend::Cuda) return apply_cuda(targets, patches);

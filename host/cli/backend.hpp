@@ -5,6 +5,7 @@
 #include <span>
 
 #include "args.hpp"
+#include "deltasync/compact_codec.hpp"
 #include "deltasync/sparse_delta.hpp"
 #include "deltasync/tensor.hpp"
 
@@ -21,11 +22,20 @@ const char* backend_name(Backend b);
 
 // cpu::encode semantics on host buffers (shadows updated in place).
 void encode_on(Backend backend, std::span<const EncodeItem> items, SparseDelta& out);
+// encode_on, and the compact encoding of its result (compact::encode semantics, byte-identical
+// on both backends). On CUDA the change set is compacted on the device before it is staged, so
+// the compact bytes never wait for a host-side codec pass. `tensors` describes items in order.
+void encode_compact_on(Backend backend, std::span<const EncodeItem> items, std::span<const TensorMeta> tensors,
+                       const compact::Options& options, SparseDelta& out,
+                       std::vector<compact::EncodedTensor>& encoded);
 // cpu::apply semantics on host buffers (nothing written on an invalid patch).
 void apply_on(Backend backend, std::span<const TensorRef> targets, std::span<const PatchRef> patches);
 
 #ifdef DELTASYNC_WITH_CUDA
 void encode_cuda(std::span<const EncodeItem> items, SparseDelta& out);
+// encode_cuda plus the GPU compact codec; `encoded` may be null (plain encode).
+void encode_cuda(std::span<const EncodeItem> items, SparseDelta& out, std::span<const TensorMeta> tensors,
+                 const compact::Options& options, std::vector<compact::EncodedTensor>* encoded);
 void apply_cuda(std::span<const TensorRef> targets, std::span<const PatchRef> patches);
 #endif
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
 
 namespace deltasync::cli {
@@ -51,7 +52,10 @@ struct Stream {
 
 }  // namespace
 
-void encode_cuda(std::span<const EncodeItem> items, SparseDelta& out) {
+void encode_cuda(std::span<const EncodeItem> items, SparseDelta& out) { encode_cuda(items, out, {}, {}, nullptr); }
+
+void encode_cuda(std::span<const EncodeItem> items, SparseDelta& out, std::span<const TensorMeta> tensors,
+                 const compact::Options& options, std::vector<compact::EncodedTensor>* encoded) {
   Stream stream;
   std::vector<size_t> sizes;
   for (const auto& it : items) {
@@ -69,6 +73,13 @@ void encode_cuda(std::span<const EncodeItem> items, SparseDelta& out) {
   }
   cuda::Encoder encoder;
   cuda::check(encoder.encode(dev, stream.s), "encode");
+  if (encoded != nullptr) {
+    // Compacted on the device from the encoder's results (it synchronizes the stream).
+    cuda::CompactEncoder compactor;
+    const cuda::DeviceDeltaView view{encoder.num_tensors(),    encoder.device_offsets(), encoder.device_value_offsets(),
+                                     encoder.device_indices(), encoder.device_values(),  encoder.device_base_values()};
+    *encoded = compactor.encode(tensors, view, stream.s, options);
+  }
   cuda::check(encoder.stage(stream.s), "stage");
   for (size_t t = 0; t < items.size(); ++t)
     download(items[t].shadow, dev[t].shadow, items[t].numel * items[t].width, stream.s);

@@ -18,6 +18,7 @@
 #include <array>
 #include <bit>
 #include <cstring>
+#include <type_traits>
 
 #include "deltasync/compact_codec.hpp"
 
@@ -166,51 +167,6 @@ class BitWriter {
   uint32_t count_ = 0;
 };
 
-// Reader with a 56..63-bit lookahead refilled by one unaligned 8-byte load while 8 bytes remain
-// (byte by byte near the end, never past it). Bits of acc_ above count_ are the next bytes of
-// the stream, so OR-ing a reload over them is harmless.
-class BitReader {
- public:
-  BitReader(const uint8_t* begin, const uint8_t* end) : ptr_(begin), end_(end) {}
-  // Checked = false: the caller guarantees that at least n / 8 + 8 bytes remain.
-  template <bool Checked = true>
-  uint64_t get(uint32_t n) {  // n <= 64
-    if (n > kMaxGet) [[unlikely]] {
-      const uint64_t low = get_small<Checked>(32);
-      return low | (get_small<Checked>(n - 32) << 32);
-    }
-    return get_small<Checked>(n);
-  }
-  size_t remaining() const { return static_cast<size_t>(end_ - ptr_); }
-  // True when everything was consumed except < 8 zero padding bits.
-  bool exhausted_cleanly() const { return ptr_ == end_ && count_ < 8 && acc_ == 0; }
-
- private:
-  static constexpr uint32_t kMaxGet = 56;
-  template <bool Checked>
-  uint64_t get_small(uint32_t n) {  // n <= 56
-    if (!Checked || end_ - ptr_ >= 8) [[likely]] {
-      acc_ |= load_le<uint64_t>(ptr_) << count_;
-      ptr_ += (63 - count_) >> 3;
-      count_ |= 56;
-    } else {
-      while (count_ <= 56 && ptr_ < end_) {
-        acc_ |= static_cast<uint64_t>(*ptr_++) << count_;
-        count_ += 8;
-      }
-      if (count_ < n) throw BlockError("raw bit stream truncated");
-    }
-    const uint64_t v = acc_ & ((uint64_t{1} << n) - 1);
-    acc_ >>= n;
-    count_ -= n;
-    return v;
-  }
-  const uint8_t* ptr_;
-  const uint8_t* end_;
-  uint64_t acc_ = 0;
-  uint32_t count_ = 0;
-};
-
 // ---- varints (tables only) ------------------------------------------------------------------
 
 void put_varint(std::vector<uint8_t>& out, uint32_t v) {
@@ -240,8 +196,14 @@ struct Model {
   std::array<uint32_t, kGapTokens> start{};
 };
 
-// Decoder view of a table: for every slot, symbol | (freq - 1) << 8 | (slot - start) << 20.
-using SlotTable = std::array<uint32_t, kScale>;
+// Decoder view of a table: the symbol of every slot, and per symbol its frequency and start.
+// Two small arrays (4 KiB + 1 KiB) rather than one 32-bit entry per slot (16 KiB): both
+// tables are read at uniformly random slots, and two 16 KiB tables alone would fill a 32 KiB
+// L1 that must also hold the prefetched base lines; the second, dependent load costs less.
+struct SlotTable {
+  std::array<uint8_t, kScale> symbol;          // slot -> symbol
+  std::array<uint32_t, kGapTokens> freq_start;  // symbol -> freq | start << 13
+};
 
 // Quantizes a histogram to frequencies summing to kScale, every used symbol >= 1. Deterministic
 // (integer arithmetic only) so that every implementation produces the same table.
@@ -307,7 +269,8 @@ void read_model(const uint8_t*& p, const uint8_t* end, uint32_t limit, bool requ
     if (f > kScale - acc) throw BlockError(std::string(kind) + " table frequencies exceed the scale");
     m.freq[s] = f;
     m.start[s] = acc;
-    for (uint32_t k = 0; k < f; ++k) table[acc + k] = s | (f - 1) << 8 | k << 20;
+    std::memset(table.symbol.data() + acc, static_cast<int>(s), f);
+    table.freq_start[s] = f | acc << 13;
     acc += f;
   }
   if (acc != kScale) throw BlockError(std::string(kind) + " table frequencies do not sum to the scale");
@@ -360,58 +323,6 @@ inline void rans_put(uint32_t& x, uint8_t*& ptr, const EncSymbol& e) {
   const uint32_t q = static_cast<uint32_t>((static_cast<uint64_t>(x) * e.rcp_freq) >> e.rcp_shift);
   x += e.bias + q * e.cmpl_freq;
 }
-
-// Four rANS states ("lanes") share one byte stream: change i codes its gap token with lane
-// 0 (i even) or 2 (i odd) and its value token with lane 1 (i even) or 3 (i odd). Their
-// dependency chains are independent, so the CPU overlaps them instead of waiting on one long
-// chain. The stream starts with the four final encoder states (lane 0 first, 4 bytes each, LE).
-class RansReader {
- public:
-  RansReader(const uint8_t* begin, const uint8_t* end) : ptr_(begin), end_(end) {
-    if (end - begin < 4 * kLanes) throw BlockError("rANS stream truncated");
-    for (int lane = 0; lane < kLanes; ++lane) {
-      x_[lane] = load_le<uint32_t>(ptr_);
-      ptr_ += 4;
-      if (x_[lane] < kRansLow || x_[lane] >= (kRansLow << 8)) throw BlockError("rANS stream has an invalid initial state");
-    }
-  }
-  // Checked = false: the caller guarantees that at least 2 bytes remain.
-  template <int Lane, bool Checked = true>
-  uint32_t get(const SlotTable& table) {
-    uint32_t x = x_[Lane];
-    const uint32_t e = table[x & (kScale - 1)];
-    x = (((e >> 8) & 0xFFF) + 1) * (x >> kScaleBits) + (e >> 20);
-    // x >= 2^11 here, so 0, 1 or 2 bytes come back in; branch-free while 2 bytes remain (the
-    // count is as unpredictable as in the encoder): both candidate bytes are read as one
-    // big-endian pair and shifted in by the count.
-    if (!Checked || end_ - ptr_ >= 2) [[likely]] {
-      const uint32_t k = static_cast<uint32_t>(x < kRansLow) + static_cast<uint32_t>(x < (kRansLow >> 8));
-      uint16_t pair;
-      std::memcpy(&pair, ptr_, 2);
-      if constexpr (std::endian::native == std::endian::little) pair = static_cast<uint16_t>(pair << 8 | pair >> 8);
-      const uint64_t two = (uint64_t{x} << 16) | pair;
-      x = static_cast<uint32_t>(two >> (16 - 8 * k));
-      ptr_ += k;
-    } else {
-      while (x < kRansLow) {
-        if (ptr_ == end_) throw BlockError("rANS stream truncated");
-        x = (x << 8) | *ptr_++;
-      }
-    }
-    x_[Lane] = x;
-    return e & 0xFF;
-  }
-  size_t remaining() const { return static_cast<size_t>(end_ - ptr_); }
-  // The encoder starts both lanes from kRansLow, so a complete, untampered stream ends there.
-  bool finished_cleanly() const {
-    return ptr_ == end_ && x_[0] == kRansLow && x_[1] == kRansLow && x_[2] == kRansLow && x_[3] == kRansLow;
-  }
-
- private:
-  const uint8_t* ptr_;
-  const uint8_t* end_;
-  uint32_t x_[kLanes];
-};
 
 }  // namespace
 
@@ -482,39 +393,43 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
   uint8_t* const gap_tokens = token_buffer.data();
   uint8_t* const value_tokens = token_buffer.data() + count;
 
-  // Pass 1 (decode order): tokens, histograms, raw bits. Four histograms per kind, used in
-  // turn: consecutive tokens are usually equal (±1 ulp), and incrementing one counter back to
-  // back would serialize on store-to-load forwarding.
-  std::array<std::array<uint32_t, kGapTokens>, 4> gap_hist{}, value_hist{};
+  // Pass 1 (decode order): tokens, histograms, raw bits. One histogram per kind: consecutive
+  // value tokens are usually equal (±1 ulp), so back-to-back increments of one counter chain
+  // through store-to-load forwarding, but that chain (~5 cycles) is far shorter than a
+  // change's work, and four interleaved sub-histograms measured ~20% slower on this pass (more
+  // address arithmetic and L1 lines; CPUs with memory renaming resolve the chain anyway).
+  std::array<uint32_t, kGapTokens> gap_counts{}, value_counts{};
   BitWriter writer(bits_buffer.data());
-  const auto value_of = [&](uint32_t i) __attribute__((always_inline)) {
-    return value_symbol(load_w<W>(new_bits + size_t{i} * W), load_w<W>(base_bits + size_t{i} * W), W);
-  };
+  // Value symbols first, in a loop of their own: branch-free lane-wise arithmetic that the
+  // compiler vectorizes (SSE2 is baseline), instead of ~16 scalar operations per change.
+  using Symbol = std::conditional_t<W == 4, uint32_t, uint16_t>;
+  thread_local std::vector<Symbol> symbol_buffer;
+  if (symbol_buffer.size() < count) symbol_buffer.resize(count);
+  Symbol* const symbols = symbol_buffer.data();
+  for (uint32_t i = 0; i < count; ++i)
+    symbols[i] = static_cast<Symbol>(
+        value_symbol(load_w<W>(new_bits + size_t{i} * W), load_w<W>(base_bits + size_t{i} * W), W));
+  const auto value_of = [&](uint32_t i) __attribute__((always_inline)) { return uint32_t{symbols[i]}; };
   {
     const uint32_t sym = value_of(0);
     const Token v = tokenize_fast(sym);
     value_tokens[0] = static_cast<uint8_t>(v.token);
-    ++value_hist[0][v.token];
+    ++value_counts[v.token];
     writer.put(sym & ((uint64_t{1} << v.extra_bits) - 1), v.extra_bits);
   }
   for (uint32_t i = 1; i < count; ++i) {
     const uint64_t gap = static_cast<uint64_t>(positions[i] - positions[i - 1] - 1);
     const Token g = tokenize_fast(gap);
     gap_tokens[i] = static_cast<uint8_t>(g.token);
-    ++gap_hist[i & 3][g.token];
+    ++gap_counts[g.token];
     const uint32_t sym = value_of(i);
     const Token v = tokenize_fast(sym);
     value_tokens[i] = static_cast<uint8_t>(v.token);
-    ++value_hist[i & 3][v.token];
+    ++value_counts[v.token];
     // Gap raw bits then value raw bits (decode order). Value symbols of 16 and more (the only
     // ones with raw bits) are rare, so that branch predicts well.
     writer.put(gap & ((uint64_t{1} << g.extra_bits) - 1), g.extra_bits);  // extra_bits <= 61
     if (v.extra_bits != 0) [[unlikely]] writer.put(sym & ((uint64_t{1} << v.extra_bits) - 1), v.extra_bits);
-  }
-  std::array<uint32_t, kGapTokens> gap_counts{}, value_counts{};
-  for (uint32_t t = 0; t < kGapTokens; ++t) {
-    gap_counts[t] = gap_hist[0][t] + gap_hist[1][t] + gap_hist[2][t] + gap_hist[3][t];
-    value_counts[t] = value_hist[0][t] + value_hist[1][t] + value_hist[2][t] + value_hist[3][t];
   }
   const size_t bits_bytes = writer.finish();
 
@@ -561,6 +476,65 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
   out.insert(out.end(), bits_buffer.data(), bits_buffer.data() + bits_bytes);
 }
 
+// ---- decoder --------------------------------------------------------------------------------
+//
+// Changes are decoded in chunks of kDecodeChunk, each in two tight passes:
+//   1. rANS: the chunk's gap and value tokens. Nothing but the four lane states, the stream
+//      pointer and the tables is live, so the lanes stay in registers and their independent
+//      dependency chains overlap (one loop doing all the work spills them to the stack);
+//   2. raw bits: positions (validated against the tensor before anything reads the base) and
+//      value symbols, parked in new_bits; each position's base line is prefetched, and the
+//      change kGatherLag before it gathers its base bits. After the pass, the new bits of the
+//      gathered changes are computed in a loop of their own, which vectorizes.
+// The lag matters: at ~1% density every change reads a new cache line of the base (and every
+// ~20 changes a new 4 KiB page), so the gather is a stream of misses. Spread evenly through
+// the decode work, one prefetch per change, their latency overlaps it; gathering a whole
+// chunk after decoding it (tried: 64..256 changes) overlapped far worse.
+//
+// Both streams are first copied into zero-padded scratch buffers, so the passes read without
+// per-symbol bounds checks: a chunk reads at most kRansPad / kRawPad bytes past its stream's
+// end, and whether it did is checked after every chunk (a truncated stream reads the padding
+// and is then refused).
+constexpr uint32_t kDecodeChunk = 16;  // even: every chunk starts at an odd change (lanes 2/3)
+constexpr uint32_t kGatherLag = 32;     // changes between a position's prefetch and its gather
+constexpr size_t kRansPad = 4 * size_t{kDecodeChunk} + 16;   // 2 tokens of <= 2 bytes per change
+constexpr size_t kRawPad = 12 * size_t{kDecodeChunk} + 16;   // <= 61 + 29 raw bits per change
+
+struct PaddedCopy {
+  std::vector<uint8_t> bytes;
+  const uint8_t* fill(const uint8_t* data, size_t size, size_t pad) {
+    if (bytes.size() < size + pad) bytes.resize(size + pad);
+    std::memcpy(bytes.data(), data, size);
+    std::memset(bytes.data() + size, 0, pad);
+    return bytes.data();
+  }
+};
+
+inline uint64_t load_u64(const uint8_t* p) { return load_le<uint64_t>(p); }
+
+// One rANS decode step of a lane; reads the (up to) two renormalization bytes without a branch.
+inline uint32_t rans_get(uint32_t& x, const SlotTable& table, const uint8_t*& ptr) {
+  const uint32_t slot = x & (kScale - 1);
+  const uint32_t s = table.symbol[slot];
+  const uint32_t fs = table.freq_start[s];
+  uint32_t y = (fs & 0x1FFF) * (x >> kScaleBits) + slot - (fs >> 13);
+  // y >= 2^11 here, so 0, 1 or 2 bytes come back in; both candidates are read as one
+  // big-endian pair and shifted in by the count (which is a coin flip: no branch).
+  const uint32_t k = static_cast<uint32_t>(y < kRansLow) + static_cast<uint32_t>(y < (kRansLow >> 8));
+  const uint32_t pair = uint32_t{ptr[0]} << 8 | ptr[1];
+  x = static_cast<uint32_t>(((uint64_t{y} << 16) | pair) >> (16 - 8 * k));
+  ptr += k;
+  return s;
+}
+
+// Up to 64 raw bits at bit offset `at` of a padded stream (two loads above 56 bits).
+inline uint64_t raw_bits(const uint8_t* bits, uint64_t at, uint32_t n) {
+  const uint64_t low = load_u64(bits + (at >> 3)) >> (at & 7);
+  if (n <= 56) [[likely]] return low & ((uint64_t{1} << n) - 1);
+  const uint64_t high = load_u64(bits + ((at + 32) >> 3)) >> ((at + 32) & 7);
+  return (low & 0xFFFFFFFFu) | ((high & ((uint64_t{1} << (n - 32)) - 1)) << 32);
+}
+
 template <uint32_t W>
 void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base, uint64_t numel,
                     int64_t* positions, uint8_t* new_bits, uint8_t* base_bits) {
@@ -573,63 +547,112 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
   read_model(p, tables_end, value_token_limit(W), true, value_model, value_table, "value");
   if (p != tables_end) throw BlockError("frequency tables have trailing bytes");
 
-  const uint8_t* const rans_end = tables_end + record.rans_bytes;
-  RansReader rans(tables_end, rans_end);
-  BitReader raw(rans_end, rans_end + record.bits_bytes);
+  if (record.rans_bytes < 4 * kLanes) throw BlockError("rANS stream truncated");
+  thread_local PaddedCopy rans_copy, raw_copy;
+  const uint8_t* const rans_begin = rans_copy.fill(tables_end, record.rans_bytes, kRansPad);
+  const uint8_t* const rans_end = rans_begin + record.rans_bytes;
+  const uint8_t* const bits = raw_copy.fill(tables_end + record.rans_bytes, record.bits_bytes, kRawPad);
+  const uint64_t bits_total = uint64_t{record.bits_bytes} * 8;
 
-  thread_local std::vector<uint32_t> symbol_buffer;
-  if (symbol_buffer.size() < count) symbol_buffer.resize(count);
-  uint32_t* const symbols = symbol_buffer.data();
+  uint32_t x[kLanes];
+  const uint8_t* ptr = rans_begin;
+  for (int lane = 0; lane < kLanes; ++lane, ptr += 4) {
+    x[lane] = load_le<uint32_t>(ptr);
+    if (x[lane] < kRansLow || x[lane] >= (kRansLow << 8)) throw BlockError("rANS stream has an invalid initial state");
+  }
+  uint32_t x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+  const SlotTable& gap_slots = gap_table;
+  const SlotTable& value_slots = value_table;
 
-  // Change j's base bits are read kLag changes after its position is decoded and prefetched:
-  // the reads miss the cache (one new line per change at ~1% density), and this way their
-  // latency overlaps the serial rANS work of the next changes instead of stalling on it.
-  constexpr uint32_t kLag = 32;
-  const auto finish_change = [&](uint32_t j) __attribute__((always_inline)) {
-    const uint32_t old_bits = load_w<W>(base + static_cast<uint64_t>(positions[j]) * W);
-    store_w<W>(base_bits + size_t{j} * W, old_bits);
-    store_w<W>(new_bits + size_t{j} * W, apply_value_symbol(symbols[j], old_bits, W));
-  };
-  // Value tokens below 16 (no raw bits) are nearly all of them, so this branch predicts well.
-  const auto value_at = [&]<bool Checked>(uint32_t vt) __attribute__((always_inline)) {
-    if (vt < 16) [[likely]] return vt;
-    return static_cast<uint32_t>(kTokenJoin.base[vt] + raw.template get<Checked>(kTokenJoin.extra_bits[vt]));
-  };
-
+  uint64_t bit_at = 0;
   uint64_t position = record.first_position;
-  positions[0] = static_cast<int64_t>(position);
-  __builtin_prefetch(base + position * W);
-  symbols[0] = value_at.template operator()<true>(rans.get<1>(value_table));
-  const auto next_change = [&]<int GapLane, int ValueLane, bool Checked>(uint32_t i) __attribute__((always_inline)) {
-    const uint32_t gt = rans.get<GapLane, Checked>(gap_table);
-    const uint64_t gap = kTokenJoin.base[gt] + raw.template get<Checked>(kTokenJoin.extra_bits[gt]);
-    // position + 1 + gap < numel, written so that nothing can overflow.
-    if (gap >= numel - position - 1) [[unlikely]]
-      throw BlockError("gap after position " + std::to_string(position) + " leads outside the tensor (" +
-                       std::to_string(numel) + " elements)");
-    position += gap + 1;
-    positions[i] = static_cast<int64_t>(position);
-    __builtin_prefetch(base + position * W);
-    symbols[i] = value_at.template operator()<Checked>(rans.get<ValueLane, Checked>(value_table));
-    if (i >= kLag) finish_change(i - kLag);
+  std::array<uint8_t, kDecodeChunk> gap_tokens, value_tokens;
+
+  // Change j's base bits, prefetched kGatherLag changes ago.
+  const auto gather = [&](uint32_t j) __attribute__((always_inline)) {
+    store_w<W>(base_bits + size_t{j} * W, load_w<W>(base + static_cast<uint64_t>(positions[j]) * W));
   };
-  // Pairs of changes (odd, even: lanes 2/3 then 0/1). Bounds checks are hoisted out of the
-  // symbol reads while both streams hold more than a pair can consume (2 rANS bytes per symbol
-  // plus the 2-byte read-ahead; <= 92 raw bits per change plus the 8-byte read-ahead).
-  constexpr size_t kRansMargin = 16, kRawMargin = 40;
-  uint32_t i = 1;
-  for (; i + 1 < count && rans.remaining() >= kRansMargin && raw.remaining() >= kRawMargin; i += 2) {
-    next_change.template operator()<2, 3, false>(i);
-    next_change.template operator()<0, 1, false>(i + 1);
+  // New bits of the gathered changes [applied, to) from the value symbols parked in new_bits:
+  // a loop of its own, because this lane-wise arithmetic vectorizes (the gather cannot).
+  uint32_t applied = 0;
+  const auto apply_until = [&](uint32_t to) {
+    uint8_t* __restrict out = new_bits;
+    const uint8_t* __restrict old = base_bits;
+    for (uint32_t j = applied; j < to; ++j)
+      store_w<W>(out + size_t{j} * W, apply_value_symbol(load_w<W>(out + size_t{j} * W), load_w<W>(old + size_t{j} * W), W));
+    applied = to;
+  };
+  const auto check_raw = [&] {
+    if (bit_at > bits_total) throw BlockError("raw bit stream truncated");
+  };
+
+  // Change 0: its position is the record's; only a value token (lane 1).
+  {
+    const uint32_t vt = rans_get(x1, value_slots, ptr);
+    const uint32_t n = kTokenJoin.extra_bits[vt];
+    const uint64_t symbol = kTokenJoin.base[vt] + raw_bits(bits, bit_at, n);
+    bit_at += n;
+    check_raw();
+    positions[0] = static_cast<int64_t>(position);
+    __builtin_prefetch(base + position * W);
+    store_w<W>(new_bits, static_cast<uint32_t>(symbol));
   }
-  for (; i + 1 < count; i += 2) {
-    next_change.template operator()<2, 3, true>(i);
-    next_change.template operator()<0, 1, true>(i + 1);
+  // Chunks start at odd changes, so change i of a chunk uses lanes 2/3 (gap/value) when i is
+  // odd and 0/1 when even, like the encoder.
+  for (uint32_t begin = 1; begin < count; begin += kDecodeChunk) {
+    const uint32_t n = std::min(kDecodeChunk, count - begin);
+    // Pass 1: tokens.
+    uint32_t k = 0;
+    for (; k + 1 < n; k += 2) {
+      gap_tokens[k] = static_cast<uint8_t>(rans_get(x2, gap_slots, ptr));
+      value_tokens[k] = static_cast<uint8_t>(rans_get(x3, value_slots, ptr));
+      gap_tokens[k + 1] = static_cast<uint8_t>(rans_get(x0, gap_slots, ptr));
+      value_tokens[k + 1] = static_cast<uint8_t>(rans_get(x1, value_slots, ptr));
+    }
+    if (k < n) {
+      gap_tokens[k] = static_cast<uint8_t>(rans_get(x2, gap_slots, ptr));
+      value_tokens[k] = static_cast<uint8_t>(rans_get(x3, value_slots, ptr));
+    }
+    if (ptr > rans_end) throw BlockError("rANS stream truncated");
+    // Pass 2: raw bits, positions, value symbols (parked in new_bits until the change's gather).
+    int64_t* const chunk_positions = positions + begin;
+    uint8_t* const chunk_symbols = new_bits + size_t{begin} * W;
+    for (k = 0; k < n; ++k) {
+      const uint32_t gt = gap_tokens[k], vt = value_tokens[k];
+      const uint32_t gap_n = kTokenJoin.extra_bits[gt], value_n = kTokenJoin.extra_bits[vt];
+      uint64_t gap_raw, value_raw;
+      if (gap_n + value_n <= 56) [[likely]] {  // one load serves both (gaps below ~2^45)
+        const uint64_t word = load_u64(bits + (bit_at >> 3)) >> (bit_at & 7);
+        gap_raw = word & ((uint64_t{1} << gap_n) - 1);
+        value_raw = (word >> gap_n) & ((uint64_t{1} << value_n) - 1);
+      } else {
+        gap_raw = raw_bits(bits, bit_at, gap_n);
+        value_raw = raw_bits(bits, bit_at + gap_n, value_n);
+      }
+      bit_at += gap_n + value_n;
+      const uint64_t gap = kTokenJoin.base[gt] + gap_raw;
+      // position + 1 + gap < numel, written so that nothing can overflow.
+      if (gap >= numel - position - 1) [[unlikely]] {
+        check_raw();  // a gap read from past the end is a truncation, as a sequential reader saw it
+        throw BlockError("gap after position " + std::to_string(position) + " leads outside the tensor (" +
+                         std::to_string(numel) + " elements)");
+      }
+      position += gap + 1;
+      chunk_positions[k] = static_cast<int64_t>(position);
+      __builtin_prefetch(base + position * W);
+      store_w<W>(chunk_symbols + size_t{k} * W, static_cast<uint32_t>(kTokenJoin.base[vt] + value_raw));
+      if (begin + k >= kGatherLag) gather(begin + k - kGatherLag);
+    }
+    check_raw();
+    if (begin + n > kGatherLag) apply_until(begin + n - kGatherLag);
   }
-  if (i < count) next_change.template operator()<2, 3, true>(i);
-  for (uint32_t j = count > kLag ? count - kLag : 0; j < count; ++j) finish_change(j);
-  if (!rans.finished_cleanly()) throw BlockError("rANS stream has trailing bytes or a bad final state");
-  if (!raw.exhausted_cleanly()) throw BlockError("raw bit stream has trailing bytes");
+  for (uint32_t j = count > kGatherLag ? count - kGatherLag : 0; j < count; ++j) gather(j);
+  apply_until(count);
+  if (ptr != rans_end || x0 != kRansLow || x1 != kRansLow || x2 != kRansLow || x3 != kRansLow)
+    throw BlockError("rANS stream has trailing bytes or a bad final state");
+  // Everything consumed but < 8 zero padding bits.
+  if (bits_total - bit_at >= 8 || (bit_at < bits_total && (bits[bit_at >> 3] >> (bit_at & 7)) != 0))
+    throw BlockError("raw bit stream has trailing bytes");
 }
 
 }  // namespace

@@ -47,8 +47,8 @@ BlockRecord encode_block(const int64_t* positions, const uint8_t* new_bits, cons
 
 // Decodes one block whose payload is `payload` (exactly record.payload_bytes() bytes). `base`
 // is the whole base tensor (numel elements of `width` bytes). Writes `record.count` positions,
-// new bits and base bits. Throws BlockError on any defect (positions are checked against numel
-// before the base is read).
+// new bits and base bits (three distinct buffers). Throws BlockError on any defect (positions
+// are checked against numel before the base is read); the outputs are then unspecified.
 void decode_block(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base,
                   uint64_t numel, uint32_t width, int64_t* positions, uint8_t* new_bits, uint8_t* base_bits);
 

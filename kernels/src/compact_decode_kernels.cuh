@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "compact_block_coder.cuh"
 
@@ -284,6 +285,9 @@ inline constexpr unsigned kDecodeThreads = 32;
 // more reads its streams from global memory instead.
 inline constexpr uint32_t kMaxStagedBytes = 160 * 1024;
 
+// The kernels and their launcher need nvcc; the block logic above is plain host/device code
+// (a host test checks it against the CPU decoder without a GPU).
+#ifdef __CUDACC__
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_blocks(const CompactDecodeTask* tasks, CompactBlockFault* faults, CompactDecodeStatus* status,
                   uint32_t staged_capacity) {
@@ -349,8 +353,11 @@ __global__ void check_block_order(const CompactDecodeTask* tasks, uint32_t num_b
   if (task.positions[0] <= task.positions[-1]) atomicMin(&status->first_unordered_block, static_cast<uint32_t>(b));
 }
 
+#endif  // __CUDACC__
+
 }  // namespace compact_decode
 
+#ifdef __CUDACC__
 // Launchers: all on `stream`, no synchronization. `status` must hold kNoBadBlock in both words.
 // `largest_streams`: the most rANS + raw-bit bytes of any block (staged in shared memory up to
 // kMaxStagedBytes).
@@ -371,5 +378,7 @@ inline cudaError_t launch_compact_decode(const CompactDecodeTask* tasks, uint32_
       tasks, num_blocks, status);
   return cudaGetLastError();
 }
+
+#endif  // __CUDACC__
 
 }  // namespace deltasync::cuda::detail

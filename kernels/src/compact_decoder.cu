@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compact_decode_kernels.cuh"
+#include "compact_fault_text.hpp"
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
 #include "deltasync/error.hpp"
@@ -106,30 +107,6 @@ ParsedTensor parse_index(const compact::EncodedTensorView& e, size_t base_index,
     throw Error(where + ": block counts sum to " + std::to_string(total_count) + ", block index says " +
                 std::to_string(changed));
   return parsed;
-}
-
-// The reason text of a block fault, worded as host/src/compact_codec_block.cpp words it.
-std::string describe_fault(const CompactBlockFault& f) {
-  const std::string kind = f.value_table ? "value" : "gap";
-  switch (f.code) {
-    case detail::kFaultTableTruncated: return "frequency table truncated";
-    case detail::kFaultTableOverlong: return "frequency table has an overlong number";
-    case detail::kFaultTooManySymbols:
-      return kind + " table has " + std::to_string(f.a) + " symbols (at most " + std::to_string(f.b) + ")";
-    case detail::kFaultTableEmpty: return kind + " table is empty";
-    case detail::kFaultTableExceedsScale: return kind + " table frequencies exceed the scale";
-    case detail::kFaultTableShortOfScale: return kind + " table frequencies do not sum to the scale";
-    case detail::kFaultTablesTrailing: return "frequency tables have trailing bytes";
-    case detail::kFaultRansTruncated: return "rANS stream truncated";
-    case detail::kFaultRansInitialState: return "rANS stream has an invalid initial state";
-    case detail::kFaultRawTruncated: return "raw bit stream truncated";
-    case detail::kFaultGapOutside:
-      return "gap after position " + std::to_string(f.a) + " leads outside the tensor (" + std::to_string(f.b) +
-             " elements)";
-    case detail::kFaultRansTrailing: return "rANS stream has trailing bytes or a bad final state";
-    case detail::kFaultRawTrailing: return "raw bit stream has trailing bytes";
-    default: return "unknown fault " + std::to_string(f.code);
-  }
 }
 
 // Where each block's results and identity live, for messages.
@@ -306,7 +283,7 @@ const DeviceDecodedDelta& CompactDecoder::decode(std::span<const compact::Encode
     check(cudaStreamSynchronize(stream), "compact decode: synchronize");
     const BlockOrigin& o = origins[status.first_bad_block];
     throw Error(label + ": tensor " + base_meta[o.base_index].name + ": block " + std::to_string(o.block) + ": " +
-                describe_fault(*s.fault_host.data()));
+                detail::describe_fault(*s.fault_host.data()));
   }
   if (status.first_unordered_block != detail::kNoBadBlock) {
     const CompactDecodeTask* task = reinterpret_cast<const CompactDecodeTask*>(s.upload.data() + tasks_at) +

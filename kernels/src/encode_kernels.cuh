@@ -1,56 +1,40 @@
-// Kernels and launchers of the encode pipeline (diff + compaction + gather + shadow update).
+// Kernels shared by both select strategies of the encode pipeline (diff + compaction + gather +
+// shadow update); the strategies themselves are in select_two_pass.cuh and
+// select_single_pass.cuh, the host dispatch in encoder.cu.
 //
 // The tensor set is laid out in one virtual "global position" space: tensor t occupies global
 // positions [start[t], start[t] + numel[t]) where every start is a multiple of kChunkElements. A
 // chunk table (one uint32 tensor id per chunk) turns a chunk into its tensor with one load, and
 // every chunk holds elements of exactly one tensor (the tail of a tensor's last chunk is padding).
+// A chunk is compared by 128 threads, each owning one 32-bit word of the chunk's changed mask:
+// 16-byte vector loads of current and shadow (granule q by thread q % 128, so a warp-wide load is
+// one contiguous 512-byte span), the changed bits gathered in shared memory.
 //
-// Pipeline (all on one stream, one host synchronization at the end):
-//   1. select      tiles of two chunks, single pass with CUB's decoupled look-back:
-//                  16-byte vector loads of current and shadow, a 4096-bit changed mask per chunk
-//                  in shared memory, a block scan of per-thread popcounts whose prefix comes from
-//                  the preceding tiles, then each thread writes its changed elements' local
-//                  index, new bits and base bits (re-read from L1/L2, just loaded) at their final
-//                  place. Persistent blocks load the next tile while they scan, look back and
-//                  write the current one. Writes past the output capacity are dropped; the count
-//                  stays exact.
-//   2. offsets     offsets[t] = the select's running count at the tensor's first chunk;
-//                  value_offsets = exclusive scan of count[t] * width[t].
-//   3. finish      O(changed): shadow <- new bits at the changed positions, and, for a set that
-//                  mixes element widths, the packing of the values per tensor (the select wrote
-//                  them at a uniform stride of the widest width, into scratch).
-// Steps 2-3 do nothing when step 1 overflowed its capacity; the host then grows the buffers and
-// reruns the pipeline. That is only correct because step 1 never modifies the shadow.
-//
-// Why this shape: the first GPU measurement (H200, 2^28 bf16, 1% changed) of a cub::DeviceSelect
-// with a per-element predicate ran at 0.18 of device-copy bandwidth, bound by per-element work.
-// Here each thread handles 32 elements with 16-byte loads, so the pass is bound by the bytes it
-// reads (2 * N * width), and nothing but the changed elements is touched a second time.
+// After the select, both strategies share:
+//   offsets        offsets[t] = changed elements before tensor t = the running count at the
+//                  tensor's first chunk; value_offsets = exclusive scan of count[t] * width[t].
+// Nothing writes the shadow until the number of changed elements is known to fit the output
+// buffers; on overflow the host grows them and reruns the pipeline.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <cub/agent/single_pass_scan_operators.cuh>
 #include <cub/block/block_scan.cuh>
-#include <cuda/std/functional>
-#include <cuda_pipeline_primitives.h>
 
 #include "element_copy.cuh"
 #include "launch_config.cuh"
 
 namespace deltasync::cuda::detail {
 
-// 4096-element chunks, each handled by 128 threads x 32 elements; a select tile (one block, one
-// look-back) is two chunks. The padding wasted per tensor (< 4096 positions that are never
-// loaded) is negligible, and the chunk table costs 4 bytes per 4096 elements.
+// 4096-element chunks (128 threads x 32 elements). The padding wasted per tensor (< 4096
+// positions that are never loaded) is negligible, and the chunk table costs 4 bytes per 4096
+// elements.
 constexpr int kChunkShift = 12;
 constexpr uint64_t kChunkElements = uint64_t{1} << kChunkShift;
 constexpr int kChunkThreads = 128;
 constexpr int kElementsPerThread = 32;  // one 32-bit word of the chunk's changed mask
 static_assert(kChunkThreads * kElementsPerThread == kChunkElements);
-constexpr int kChunksPerTile = 2;  // halves the look-backs and descriptor loads per byte
-constexpr int kTileThreads = kChunkThreads * kChunksPerTile;
 
 struct EncodeTensor {
   const uint8_t* current;
@@ -65,9 +49,6 @@ struct EncodeCounts {
   int64_t num_selected;  // changed elements (may exceed the output capacity: then rerun)
   uint64_t value_bytes;  // sum over tensors of changed elements × width
 };
-
-// Decoupled look-back state of the select: one status word + running count per chunk.
-using SelectTileState = cub::ScanTileState<unsigned long long>;
 
 // ---------------------------------------------------------------------------------------------
 // Device helpers
@@ -128,152 +109,77 @@ __device__ __forceinline__ void store_element(uint8_t* dst, const uint8_t* src) 
   if constexpr (kWidth == 4) *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
 }
 
-// ---------------------------------------------------------------------------------------------
-// 1. Select
-
-struct SelectParams {
-  const uint32_t* chunk_tensor;
-  const EncodeTensor* tensors;
-  SelectTileState tile_state;
-  unsigned int* next_tile;  // tile dispenser, zeroed by the init kernel
-  uint64_t num_chunks;
-  uint64_t* chunk_prefix;  // [num_chunks]: changed elements in all chunks before chunk c
-  int64_t* indices;        // [capacity]: local index of the i-th changed element of the set
-  uint8_t* values;         // [capacity * value_stride]: its new bits, at i * value_stride
-  uint8_t* base_values;    // [capacity * value_stride]: the shadow's bits
-  uint32_t value_stride;   // the widest width of the set (= every width when they are equal)
-  int64_t capacity;
-  EncodeCounts* counts;    // num_selected written with the last tile
-};
-
 // A chunk as its 128 threads see it. width == 0: no chunk (past the end of the set).
 struct ChunkView {
   const uint8_t* current;  // the chunk's first element
-  const uint8_t* shadow;
+  uint8_t* shadow;
   uint64_t local0;  // its index in the tensor
   uint32_t n;       // elements in the chunk (the rest of the 4096 positions is padding)
   uint32_t width;
-  bool vector;  // both pointers 16-byte aligned: the vector path
 };
 
-__device__ __forceinline__ ChunkView view_chunk(const SelectParams& p, uint64_t chunk) {
+__device__ __forceinline__ ChunkView view_chunk(const EncodeTensor* tensors, const uint32_t* chunk_tensor,
+                                                uint64_t num_chunks, uint64_t chunk) {
   ChunkView v{};
-  if (chunk >= p.num_chunks) return v;
-  const EncodeTensor t = p.tensors[p.chunk_tensor[chunk]];
+  if (chunk >= num_chunks) return v;
+  const EncodeTensor t = tensors[chunk_tensor[chunk]];
   v.local0 = (chunk << kChunkShift) - t.start;
   const uint64_t left = t.numel - v.local0;
   v.n = left < kChunkElements ? static_cast<uint32_t>(left) : static_cast<uint32_t>(kChunkElements);
   v.width = t.width;
   v.current = t.current + v.local0 * t.width;
   v.shadow = t.shadow + v.local0 * t.width;
-  v.vector = ((reinterpret_cast<uintptr_t>(v.current) | reinterpret_cast<uintptr_t>(v.shadow)) & 15) == 0;
   return v;
 }
 
-// Granule q of a chunk (16 bytes, 16/kWidth elements) is loaded by thread q % 128, so every
-// warp-wide load is one contiguous 512-byte span; a thread owns 2 * kWidth granules per buffer.
-// The first kAhead of them are loaded one tile ahead (see select_changed_kernel), all of an 8-
-// or 16-bit chunk's share and half of a 32-bit one's, by asynchronous copies into shared memory
-// (registers would not hold them across the look-back without spilling). Each thread reads back
-// only the slots it filled itself, so a wait on its own copies is all the ordering needed.
-constexpr int kAhead = 4;
-struct AheadLoads {
-  uint4 (*slots)[2][kTileThreads];  // [kAhead][current, shadow][thread of the block]
-};
+// ---------------------------------------------------------------------------------------------
+// The changed mask of one chunk: `mask_words` (128 words in shared memory; bit e of the array =
+// element e of the chunk) for its first n elements; padding reads as unchanged. `thread` is the
+// caller's index among the chunk's 128 threads (their warps must not hold other chunks' threads).
 
-template <int kWidth, int kFirst, int kCount>
-__device__ __forceinline__ void load_granules(const ChunkView& v, uint32_t thread, uint4* a, uint4* b) {
+// Vector path (both chunk pointers 16-byte aligned). A thread owns 2 * kWidth granules per
+// buffer, loaded kBatch at a time (2 * kBatch * 16 bytes in flight per thread).
+template <int kWidth, int kBatch>
+__device__ __forceinline__ void chunk_mask_vector(const ChunkView& v, uint32_t thread, uint32_t* mask_words) {
   constexpr uint32_t kGranuleElements = 16 / kWidth;
+  constexpr int kGranulesPerThread = 2 * kWidth;
+  static_assert(kGranulesPerThread * kGranuleElements * kChunkThreads == kChunkElements);
+  constexpr int kLoads = kBatch < kGranulesPerThread ? kBatch : kGranulesPerThread;
   const auto* cur = reinterpret_cast<const uint4*>(v.current);
   const auto* sha = reinterpret_cast<const uint4*>(v.shadow);
   const uint32_t full_granules = v.n / kGranuleElements;
 #pragma unroll
-  for (int j = 0; j < kCount; ++j) {
-    const uint32_t q = (kFirst + j) * kChunkThreads + thread;
-    if (q < full_granules) {
-      a[j] = cur[q];
-      b[j] = sha[q];
-    } else {
-      a[j] = b[j] = make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
-template <int kWidth>
-__device__ __forceinline__ void copy_ahead(const ChunkView& v, uint32_t thread, const AheadLoads& ahead) {
-  constexpr int kGranulesPerThread = 2 * kWidth;
-  constexpr int kLoaded = kGranulesPerThread < kAhead ? kGranulesPerThread : kAhead;
-  constexpr uint32_t kGranuleElements = 16 / kWidth;
-  const auto* cur = reinterpret_cast<const uint4*>(v.current);
-  const auto* sha = reinterpret_cast<const uint4*>(v.shadow);
-  const uint32_t full_granules = v.n / kGranuleElements;
+  for (int batch = 0; batch < kGranulesPerThread; batch += kLoads) {
+    uint4 a[kLoads], b[kLoads];
 #pragma unroll
-  for (int j = 0; j < kLoaded; ++j) {
-    const uint32_t q = j * kChunkThreads + thread;
-    uint4& current_slot = ahead.slots[j][0][threadIdx.x];
-    uint4& shadow_slot = ahead.slots[j][1][threadIdx.x];
-    if (q < full_granules) {
-      __pipeline_memcpy_async(&current_slot, cur + q, sizeof(uint4));
-      __pipeline_memcpy_async(&shadow_slot, sha + q, sizeof(uint4));
-    } else {
-      current_slot = shadow_slot = make_uint4(0, 0, 0, 0);
+    for (int j = 0; j < kLoads; ++j) {
+      const uint32_t q = (batch + j) * kChunkThreads + thread;
+      if (q < full_granules) {
+        a[j] = cur[q];
+        b[j] = sha[q];
+      } else {
+        a[j] = b[j] = make_uint4(0, 0, 0, 0);
+      }
     }
-  }
-}
-
-__device__ __forceinline__ void load_ahead(const ChunkView& v, uint32_t thread, const AheadLoads& ahead) {
-  if (v.vector) {  // the scalar path loads when it runs
-    switch (v.width) {
-      case 0: break;
-      case 1: copy_ahead<1>(v, thread, ahead); break;
-      case 2: copy_ahead<2>(v, thread, ahead); break;
-      default: copy_ahead<4>(v, thread, ahead); break;
-    }
-  }
-  __pipeline_commit();
-}
-
-// Changed bits of granules kFirst.. of this thread into the chunk's mask (`mask_words`, 128
-// words in shared memory; bit e of the array = element e of the chunk).
-template <int kWidth, int kFirst, int kCount, typename Granules>
-__device__ __forceinline__ void mask_granules(const ChunkView& v, uint32_t thread, Granules granule,
-                                              uint32_t* mask_words) {
-  constexpr uint32_t kGranuleElements = 16 / kWidth;
-  const uint32_t full_granules = v.n / kGranuleElements;
 #pragma unroll
-  for (int j = 0; j < kCount; ++j) {
-    const uint32_t q = (kFirst + j) * kChunkThreads + thread;
-    uint32_t mask = granule_changed_mask<kWidth>(granule(j, 0), granule(j, 1));
-    if (q == full_granules) {  // the partial granule at the end of the tensor, element by element
-      for (uint32_t e = q * kGranuleElements; e < v.n; ++e)
-        mask |= uint32_t{element_differs<kWidth>(v.current, v.shadow, e)} << (e - q * kGranuleElements);
+    for (int j = 0; j < kLoads; ++j) {
+      const uint32_t q = (batch + j) * kChunkThreads + thread;
+      uint32_t mask = granule_changed_mask<kWidth>(a[j], b[j]);
+      if (q == full_granules) {  // the partial granule at the end of the tensor, element by element
+        for (uint32_t e = q * kGranuleElements; e < v.n; ++e)
+          mask |= uint32_t{element_differs<kWidth>(v.current, v.shadow, e)} << (e - q * kGranuleElements);
+      }
+      if constexpr (kWidth == 1) {
+        reinterpret_cast<uint16_t*>(mask_words)[q] = static_cast<uint16_t>(mask);
+      } else if constexpr (kWidth == 2) {
+        reinterpret_cast<uint8_t*>(mask_words)[q] = static_cast<uint8_t>(mask);
+      } else {
+        // 4-bit masks: the even lane stores its own and its odd neighbour's (granule q + 1) as
+        // one byte. Every lane takes part in the shuffle.
+        const uint32_t neighbour = __shfl_down_sync(0xFFFFFFFFu, mask, 1);
+        if ((q & 1) == 0) reinterpret_cast<uint8_t*>(mask_words)[q / 2] = static_cast<uint8_t>(mask | neighbour << 4);
+      }
     }
-    if constexpr (kWidth == 1) {
-      reinterpret_cast<uint16_t*>(mask_words)[q] = static_cast<uint16_t>(mask);
-    } else if constexpr (kWidth == 2) {
-      reinterpret_cast<uint8_t*>(mask_words)[q] = static_cast<uint8_t>(mask);
-    } else {
-      // 4-bit masks: the even lane stores its own and its odd neighbour's (granule q + 1) as
-      // one byte. Every lane takes part in the shuffle.
-      const uint32_t neighbour = __shfl_down_sync(0xFFFFFFFFu, mask, 1);
-      if ((q & 1) == 0) reinterpret_cast<uint8_t*>(mask_words)[q / 2] = static_cast<uint8_t>(mask | neighbour << 4);
-    }
-  }
-}
-
-template <int kWidth>
-__device__ __forceinline__ void chunk_mask_vector(const ChunkView& v, uint32_t thread, const AheadLoads& ahead,
-                                                  uint32_t* mask_words) {
-  constexpr int kGranulesPerThread = 2 * kWidth;
-  constexpr int kLoaded = kGranulesPerThread < kAhead ? kGranulesPerThread : kAhead;
-  __pipeline_wait_prior(0);  // this thread's copies of the chunk have landed
-  mask_granules<kWidth, 0, kLoaded>(
-      v, thread, [&](int j, int buffer) { return ahead.slots[j][buffer][threadIdx.x]; }, mask_words);
-  if constexpr (kGranulesPerThread > kLoaded) {  // 32-bit elements: the second half now
-    uint4 a[kGranulesPerThread - kLoaded], b[kGranulesPerThread - kLoaded];
-    load_granules<kWidth, kLoaded, kGranulesPerThread - kLoaded>(v, thread, a, b);
-    mask_granules<kWidth, kLoaded, kGranulesPerThread - kLoaded>(
-        v, thread, [&](int j, int buffer) { return buffer == 0 ? a[j] : b[j]; }, mask_words);
   }
 }
 
@@ -292,141 +198,21 @@ __device__ __forceinline__ void chunk_mask_scalar(const ChunkView& v, uint32_t t
   }
 }
 
-template <int kWidth>
-__device__ __forceinline__ void chunk_mask(const ChunkView& v, uint32_t thread, const AheadLoads& ahead,
-                                           uint32_t* mask_words) {
-  if (v.vector) chunk_mask_vector<kWidth>(v, thread, ahead, mask_words);
-  else chunk_mask_scalar<kWidth>(v, thread, mask_words);
-}
-
-// Writes the changed elements of this thread's 32-element word: local index, new bits and base
-// bits (re-read: the lines were just loaded, so these hit L1 or L2), from output slot
-// first_output on. Slots past the capacity are dropped (the host grows and reruns).
-template <int kWidth>
-__device__ __forceinline__ void write_changed(const SelectParams& p, const ChunkView& v, uint32_t thread,
-                                              uint32_t word, uint64_t first_output) {
-  uint64_t i = first_output;
-  while (word != 0) {
-    const uint32_t bit = __ffs(word) - 1;
-    word &= word - 1;
-    if (i >= static_cast<uint64_t>(p.capacity)) return;
-    const uint32_t e = thread * kElementsPerThread + bit;
-    p.indices[i] = static_cast<int64_t>(v.local0 + e);
-    store_element<kWidth>(p.values + i * p.value_stride, v.current + e * kWidth);
-    store_element<kWidth>(p.base_values + i * p.value_stride, v.shadow + e * kWidth);
-    ++i;
+template <int kBatch>
+__device__ __forceinline__ void chunk_mask(const ChunkView& v, uint32_t thread, uint32_t* mask_words) {
+  const bool vector = ((reinterpret_cast<uintptr_t>(v.current) | reinterpret_cast<uintptr_t>(v.shadow)) & 15) == 0;
+  switch (v.width) {
+    case 1:
+      if (vector) chunk_mask_vector<1, kBatch>(v, thread, mask_words); else chunk_mask_scalar<1>(v, thread, mask_words);
+      break;
+    case 2:
+      if (vector) chunk_mask_vector<2, kBatch>(v, thread, mask_words); else chunk_mask_scalar<2>(v, thread, mask_words);
+      break;
+    case 4:
+      if (vector) chunk_mask_vector<4, kBatch>(v, thread, mask_words); else chunk_mask_scalar<4>(v, thread, mask_words);
+      break;
+    default: break;  // no chunk
   }
-}
-
-// Persistent blocks of 256 threads; a tile is two chunks (128 threads each; no warp straddles
-// two chunks), handed out in increasing order by an atomic dispenser. Each block takes its next
-// tile and issues that tile's loads *before* it scans, looks back and writes the current one, so
-// loads stay in flight while the block waits. Deadlock-free whatever the residency: a tile only
-// waits for lower tiles, and every handed-out tile belongs to a running block that processes its
-// tiles in increasing order. 4 blocks per multiprocessor (<= 64 registers, 36 KiB of shared
-// memory each).
-__global__ void __launch_bounds__(kTileThreads, 4) select_changed_kernel(SelectParams p) {
-  using BlockScan = cub::BlockScan<unsigned long long, kTileThreads>;
-  using LookBack = cub::TilePrefixCallbackOp<unsigned long long, ::cuda::std::plus<>, SelectTileState>;
-  __shared__ uint32_t mask_words[kTileThreads];  // kChunksPerTile masks of 128 words
-  __shared__ typename BlockScan::TempStorage scan_storage;
-  __shared__ typename LookBack::TempStorage look_back_storage;
-  __shared__ unsigned int dispensed_tile;
-  __shared__ uint4 ahead_slots[kAhead][2][kTileThreads];  // 32 KiB
-  const AheadLoads ahead{ahead_slots};
-
-  const uint64_t num_tiles = (p.num_chunks + kChunksPerTile - 1) / kChunksPerTile;
-  const uint32_t part = threadIdx.x / kChunkThreads;    // which chunk of the tile
-  const uint32_t thread = threadIdx.x % kChunkThreads;  // thread within that chunk
-  uint32_t* chunk_mask_words = mask_words + part * kChunkThreads;
-
-  if (threadIdx.x == 0) dispensed_tile = atomicAdd(p.next_tile, 1u);
-  __syncthreads();
-  uint64_t tile = dispensed_tile;
-  __syncthreads();  // every thread has read it before thread 0 takes the next one
-  ChunkView view = view_chunk(p, tile * kChunksPerTile + part);
-  load_ahead(view, thread, ahead);
-  while (tile < num_tiles) {
-    // The next tile is taken now; its number is read after the barrier below.
-    if (threadIdx.x == 0) dispensed_tile = atomicAdd(p.next_tile, 1u);
-    switch (view.width) {
-      case 0: break;
-      case 1: chunk_mask<1>(view, thread, ahead, chunk_mask_words); break;
-      case 2: chunk_mask<2>(view, thread, ahead, chunk_mask_words); break;
-      default: chunk_mask<4>(view, thread, ahead, chunk_mask_words); break;
-    }
-    __syncthreads();
-    const uint32_t word = view.width != 0 ? mask_words[threadIdx.x] : 0;
-    const uint64_t next_tile = dispensed_tile;
-    // The next tile's loads fly while this one scans, looks back and writes. (dispensed_tile
-    // and mask_words are rewritten only after the scan's barriers, which every thread passes
-    // after these reads.)
-    const ChunkView chunk_view = view;
-    view = view_chunk(p, next_tile * kChunksPerTile + part);
-    load_ahead(view, thread, ahead);
-
-    const unsigned long long count = __popc(word);
-    unsigned long long first_output = 0;
-    if (tile == 0) {
-      unsigned long long tile_total = 0;
-      BlockScan(scan_storage).ExclusiveSum(count, first_output, tile_total);
-      if (threadIdx.x == 0) p.tile_state.SetInclusive(0, tile_total);
-    } else {
-      LookBack look_back(p.tile_state, look_back_storage, ::cuda::std::plus<>{}, static_cast<int>(tile));
-      BlockScan(scan_storage).ExclusiveSum(count, first_output, look_back);
-    }
-    if (chunk_view.width != 0 && thread == 0) p.chunk_prefix[tile * kChunksPerTile + part] = first_output;
-    if (tile + 1 == num_tiles && threadIdx.x == kTileThreads - 1)
-      p.counts->num_selected = static_cast<int64_t>(first_output + count);
-    if (word != 0) {
-      switch (chunk_view.width) {
-        case 1: write_changed<1>(p, chunk_view, thread, word, first_output); break;
-        case 2: write_changed<2>(p, chunk_view, thread, word, first_output); break;
-        default: write_changed<4>(p, chunk_view, thread, word, first_output); break;
-      }
-    }
-    tile = next_tile;
-  }
-}
-
-__global__ void init_select_kernel(SelectTileState tile_state, int num_tiles, unsigned int* next_tile) {
-  tile_state.InitializeStatus(num_tiles);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *next_tile = 0;
-}
-
-inline int select_tiles(uint64_t num_chunks) {
-  return static_cast<int>((num_chunks + kChunksPerTile - 1) / kChunksPerTile);
-}
-
-// Temporary storage of the select's look-back for num_chunks chunks.
-inline cudaError_t select_tile_state_bytes(uint64_t num_chunks, size_t& bytes) {
-  return SelectTileState::AllocationSize(select_tiles(num_chunks), bytes);
-}
-
-// Blocks of the select that fit on the device at once (its grid: more would only wait).
-inline cudaError_t select_resident_blocks(int sm_count, int& blocks) {
-  int per_sm = 0;
-  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_changed_kernel, kTileThreads, 0);
-  blocks = (per_sm > 0 ? per_sm : 1) * (sm_count > 0 ? sm_count : 1);
-  return err;
-}
-
-// Launcher: selects the changed elements of every chunk (num_chunks >= 1, < 2^31) and writes them
-// as described in SelectParams; `tile_storage` holds select_tile_state_bytes(num_chunks) bytes;
-// `resident_blocks` from select_resident_blocks.
-inline cudaError_t select_changed(SelectParams p, void* tile_storage, size_t tile_storage_bytes, int resident_blocks,
-                                  cudaStream_t stream) {
-  const int num_tiles = select_tiles(p.num_chunks);
-  cudaError_t err = p.tile_state.Init(num_tiles, tile_storage, tile_storage_bytes);
-  if (err != cudaSuccess) return err;
-  constexpr unsigned kInitThreads = 256;
-  init_select_kernel<<<(num_tiles + kInitThreads - 1) / kInitThreads, kInitThreads, 0, stream>>>(
-      p.tile_state, num_tiles, p.next_tile);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  const int blocks = num_tiles < resident_blocks ? num_tiles : resident_blocks;
-  select_changed_kernel<<<blocks, kTileThreads, 0, stream>>>(p);
-  return cudaGetLastError();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -451,7 +237,7 @@ inline cudaError_t build_chunk_table(const uint64_t* starts, uint64_t num_tensor
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. Per-tensor offsets and value offsets
+// Per-tensor offsets and value offsets (from the running count per chunk, chunk_prefix)
 
 // offsets[t] = changed elements before tensor t = the running count at its first chunk (a tensor
 // without chunks -- empty -- starts where the next one does, or at the end).
@@ -490,6 +276,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Needs counts->num_selected and chunk_prefix[0, num_chunks).
 inline cudaError_t compute_offsets(const uint64_t* chunk_prefix, uint64_t num_chunks, const uint64_t* starts,
                                    const EncodeTensor* tensors, uint64_t num_tensors, EncodeCounts* counts,
                                    int64_t capacity, uint64_t* offsets, uint64_t* value_offsets, int sm_count,
@@ -501,50 +288,6 @@ inline cudaError_t compute_offsets(const uint64_t* chunk_prefix, uint64_t num_ch
   if (err != cudaSuccess) return err;
   value_offsets_kernel<kThreads><<<1, kThreads, 0, stream>>>(tensors, offsets, num_tensors, capacity, value_offsets,
                                                              counts);
-  return cudaGetLastError();
-}
-
-// ---------------------------------------------------------------------------------------------
-// 3. Finish: the shadow catches up at the changed positions (its old bits are already in
-// base_values), and a mixed-width set has its values packed per tensor.
-
-struct FinishParams {
-  const EncodeTensor* tensors;
-  uint64_t num_tensors;
-  const uint64_t* offsets;
-  const uint64_t* value_offsets;
-  const EncodeCounts* counts;
-  int64_t capacity;
-  const int64_t* indices;
-  const uint8_t* strided_values;       // as the select wrote them: i * value_stride
-  const uint8_t* strided_base_values;
-  uint32_t value_stride;
-  uint8_t* packed_values;              // nullptr when every width equals value_stride (already packed)
-  uint8_t* packed_base_values;
-};
-
-__global__ void finish_encode_kernel(FinishParams p) {
-  const int64_t selected = p.counts->num_selected;
-  if (selected > p.capacity) return;
-  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < static_cast<uint64_t>(selected);
-       i += uint64_t{gridDim.x} * blockDim.x) {
-    const uint64_t t = last_not_greater(p.offsets, p.num_tensors, i);
-    const EncodeTensor& tensor = p.tensors[t];
-    const uint64_t local = static_cast<uint64_t>(p.indices[i]);
-    const uint8_t* value = p.strided_values + i * p.value_stride;
-    copy_element(value, tensor.shadow + local * tensor.width, tensor.width);
-    if (p.packed_values != nullptr) {
-      const uint64_t packed = p.value_offsets[t] + (i - p.offsets[t]) * tensor.width;
-      copy_element(value, p.packed_values + packed, tensor.width);
-      copy_element(p.strided_base_values + i * p.value_stride, p.packed_base_values + packed, tensor.width);
-    }
-  }
-}
-
-inline cudaError_t finish_encode(const FinishParams& p, int sm_count, cudaStream_t stream) {
-  if (p.capacity == 0) return cudaSuccess;
-  constexpr unsigned kThreads = 256;
-  finish_encode_kernel<<<grid_for(static_cast<uint64_t>(p.capacity), kThreads, sm_count), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
-// Host dispatch of the encode pipeline (see encode_kernels.cuh for the kernels and their order):
-// owns the per-tensor-set tables, the output buffers and the pinned staging buffers, all reused
-// across steps and grown only when a step needs more.
+// Host dispatch of the encode pipeline (kernels: encode_kernels.cuh, and one select strategy each
+// in select_two_pass.cuh and select_single_pass.cuh): owns the per-tensor-set tables, the output
+// buffers and the pinned staging buffers, all reused across steps and grown only when a step
+// needs more.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -10,6 +11,8 @@
 #include "device_buffers.cuh"
 #include "encode_kernels.cuh"
 #include "nvtx_ranges.cuh"
+#include "select_single_pass.cuh"
+#include "select_two_pass.cuh"
 
 namespace deltasync::cuda {
 
@@ -61,6 +64,7 @@ void check_items(std::span<const EncodeItem> items) {
 
 struct Encoder::State {
   int sm_count = 1;
+  SelectStrategy select = SelectStrategy::kTwoPass;
 
   // Tables of the current tensor set, rebuilt only when the set changes.
   std::vector<ItemKey> cached_items;
@@ -75,18 +79,23 @@ struct Encoder::State {
   DeviceArray<EncodeTensor> tensors;
   DeviceArray<uint64_t> starts;
   DeviceArray<uint32_t> chunk_tensor;
-  DeviceArray<uint8_t> tile_storage;  // the select's look-back state, one entry per chunk
+  DeviceArray<uint64_t> chunk_prefix;  // running count per chunk (+ the total, two-pass)
+  // Two-pass select: the changed masks (1 bit per element), counts per chunk, scan storage.
+  DeviceArray<uint32_t> masks;
+  DeviceArray<uint64_t> chunk_counts;
+  DeviceArray<uint8_t> scan_temp;
+  size_t scan_temp_bytes = 0;
+  // Single-pass select: the look-back state.
+  DeviceArray<uint8_t> tile_storage;
   size_t tile_storage_bytes = 0;
-  DeviceArray<uint64_t> chunk_prefix;
-  DeviceArray<unsigned int> next_tile;  // the select's tile dispenser
-  int select_blocks = 0;                // the select's grid: blocks resident at once
 
   // Outputs, sized by the largest step so far.
   int64_t capacity = 0;  // changed elements the output buffers can hold
   DeviceArray<int64_t> indices;  // local index of each changed element, tensor by tensor
   DeviceArray<uint8_t> values;
   DeviceArray<uint8_t> base_values;
-  // Mixed-width sets only: the select's values at a uniform stride, packed per tensor afterwards.
+  // Single-pass select of a mixed-width set only: the values at a uniform stride, packed per
+  // tensor afterwards.
   DeviceArray<uint8_t> strided_values;
   DeviceArray<uint8_t> strided_base_values;
   DeviceArray<uint64_t> offsets;
@@ -117,8 +126,8 @@ struct Encoder::State {
   size_t peak_workspace = 0;
 
   size_t workspace() const {
-    return tensors.bytes() + starts.bytes() + chunk_tensor.bytes() + tile_storage.bytes() + chunk_prefix.bytes() +
-           next_tile.bytes() +
+    return tensors.bytes() + starts.bytes() + chunk_tensor.bytes() + chunk_prefix.bytes() + masks.bytes() +
+           chunk_counts.bytes() + scan_temp.bytes() + tile_storage.bytes() +
            indices.bytes() + values.bytes() + base_values.bytes() + strided_values.bytes() +
            strided_base_values.bytes() + offsets.bytes() + value_offsets.bytes() + counts.bytes();
   }
@@ -127,6 +136,8 @@ struct Encoder::State {
   cudaError_t prepare_tables(std::span<const EncodeItem> items, cudaStream_t stream);
   cudaError_t ensure_capacity(int64_t wanted);
   cudaError_t run_pipeline(cudaStream_t stream);
+  cudaError_t run_two_pass(cudaStream_t stream);
+  cudaError_t run_single_pass(cudaStream_t stream);
 };
 
 cudaError_t Encoder::State::prepare_tables(std::span<const EncodeItem> items, cudaStream_t stream) {
@@ -180,12 +191,18 @@ cudaError_t Encoder::State::prepare_tables(std::span<const EncodeItem> items, cu
   DELTASYNC_RETURN_IF_ERROR(
       detail::build_chunk_table(starts.data(), num_tensors, chunk_tensor.data(), num_chunks, sm_count, stream));
 
-  // The look-back state and the per-chunk running counts depend only on the number of chunks.
-  tile_storage_bytes = 0;
+  // The select's workspace depends only on the number of chunks.
+  DELTASYNC_RETURN_IF_ERROR(chunk_prefix.reserve(num_chunks + 1));
   if (num_chunks > 0) {
-    DELTASYNC_RETURN_IF_ERROR(detail::select_tile_state_bytes(num_chunks, tile_storage_bytes));
-    DELTASYNC_RETURN_IF_ERROR(tile_storage.reserve(std::max<size_t>(tile_storage_bytes, 1)));
-    DELTASYNC_RETURN_IF_ERROR(chunk_prefix.reserve(num_chunks));
+    if (select == SelectStrategy::kTwoPass) {
+      DELTASYNC_RETURN_IF_ERROR(masks.reserve(num_chunks * detail::kChunkThreads));
+      DELTASYNC_RETURN_IF_ERROR(chunk_counts.reserve(num_chunks + 1));
+      DELTASYNC_RETURN_IF_ERROR(detail::two_pass_scan_bytes(num_chunks, scan_temp_bytes));
+      DELTASYNC_RETURN_IF_ERROR(scan_temp.reserve(std::max<size_t>(scan_temp_bytes, 1)));
+    } else {
+      DELTASYNC_RETURN_IF_ERROR(detail::single_pass_tile_state_bytes(num_chunks, tile_storage_bytes));
+      DELTASYNC_RETURN_IF_ERROR(tile_storage.reserve(std::max<size_t>(tile_storage_bytes, 1)));
+    }
   }
   DELTASYNC_RETURN_IF_ERROR(offsets.reserve(num_tensors + 1));
   DELTASYNC_RETURN_IF_ERROR(value_offsets.reserve(num_tensors + 1));
@@ -210,27 +227,45 @@ cudaError_t Encoder::State::ensure_capacity(int64_t wanted) {
   const size_t value_bytes = std::max<size_t>(static_cast<size_t>(capacity) * max_width, 1);
   DELTASYNC_RETURN_IF_ERROR(values.reserve(value_bytes));
   DELTASYNC_RETURN_IF_ERROR(base_values.reserve(value_bytes));
-  if (uniform_width) return cudaSuccess;
+  if (uniform_width || select == SelectStrategy::kTwoPass) return cudaSuccess;
   DELTASYNC_RETURN_IF_ERROR(strided_values.reserve(value_bytes));
   return strided_base_values.reserve(value_bytes);
 }
 
 cudaError_t Encoder::State::run_pipeline(cudaStream_t stream) {
+  if (num_chunks == 0) {  // no elements: nothing changed
+    DELTASYNC_RETURN_IF_ERROR(cudaMemsetAsync(counts.data(), 0, sizeof(EncodeCounts), stream));
+    DELTASYNC_RETURN_IF_ERROR(detail::compute_offsets(chunk_prefix.data(), 0, starts.data(), tensors.data(),
+                                                      num_tensors, counts.data(), capacity, offsets.data(),
+                                                      value_offsets.data(), sm_count, stream));
+  } else {
+    DELTASYNC_RETURN_IF_ERROR(select == SelectStrategy::kTwoPass ? run_two_pass(stream) : run_single_pass(stream));
+  }
+  return cudaMemcpyAsync(counts_readback.data(), counts.data(), sizeof(EncodeCounts), cudaMemcpyDeviceToHost,
+                         stream);
+}
+
+cudaError_t Encoder::State::run_two_pass(cudaStream_t stream) {
+  const detail::TwoPassParams params{chunk_tensor.data(), tensors.data(),      num_chunks,         masks.data(),
+                                     chunk_counts.data(), chunk_prefix.data(), offsets.data(),     value_offsets.data(),
+                                     indices.data(),      values.data(),       base_values.data(), capacity,
+                                     counts.data()};
+  DELTASYNC_RETURN_IF_ERROR(detail::two_pass_count(params, scan_temp.data(), scan_temp_bytes, stream));
+  DELTASYNC_RETURN_IF_ERROR(detail::compute_offsets(chunk_prefix.data(), num_chunks, starts.data(), tensors.data(),
+                                                    num_tensors, counts.data(), capacity, offsets.data(),
+                                                    value_offsets.data(), sm_count, stream));
+  return detail::two_pass_write(params, stream);
+}
+
+cudaError_t Encoder::State::run_single_pass(cudaStream_t stream) {
   // A uniform-width set gets its values packed straight from the select; a mixed one gets them
   // at the widest stride in scratch, packed by the finish kernel.
   uint8_t* select_values = uniform_width ? values.data() : strided_values.data();
   uint8_t* select_base_values = uniform_width ? base_values.data() : strided_base_values.data();
-  if (num_chunks > 0) {
-    if (select_blocks == 0) DELTASYNC_RETURN_IF_ERROR(detail::select_resident_blocks(sm_count, select_blocks));
-    DELTASYNC_RETURN_IF_ERROR(next_tile.reserve(1));
-    const detail::SelectParams select{chunk_tensor.data(), tensors.data(), {},         next_tile.data(),
-                                      num_chunks,          chunk_prefix.data(), indices.data(), select_values,
-                                      select_base_values,  max_width,           capacity,       counts.data()};
-    DELTASYNC_RETURN_IF_ERROR(
-        detail::select_changed(select, tile_storage.data(), tile_storage_bytes, select_blocks, stream));
-  } else {
-    DELTASYNC_RETURN_IF_ERROR(cudaMemsetAsync(counts.data(), 0, sizeof(EncodeCounts), stream));
-  }
+  const detail::SinglePassParams select{chunk_tensor.data(), tensors.data(), {},       num_chunks,
+                                        chunk_prefix.data(), indices.data(), select_values,
+                                        select_base_values,  max_width,      capacity, counts.data()};
+  DELTASYNC_RETURN_IF_ERROR(detail::single_pass_select(select, tile_storage.data(), tile_storage_bytes, stream));
   DELTASYNC_RETURN_IF_ERROR(detail::compute_offsets(chunk_prefix.data(), num_chunks, starts.data(), tensors.data(),
                                                     num_tensors, counts.data(), capacity, offsets.data(),
                                                     value_offsets.data(), sm_count, stream));
@@ -246,12 +281,13 @@ cudaError_t Encoder::State::run_pipeline(cudaStream_t stream) {
                                     max_width,
                                     uniform_width ? nullptr : values.data(),
                                     uniform_width ? nullptr : base_values.data()};
-  DELTASYNC_RETURN_IF_ERROR(detail::finish_encode(finish, sm_count, stream));
-  return cudaMemcpyAsync(counts_readback.data(), counts.data(), sizeof(EncodeCounts), cudaMemcpyDeviceToHost,
-                         stream);
+  return detail::finish_single_pass(finish, sm_count, stream);
 }
 
-Encoder::Encoder() : state_(new State) {
+Encoder::Encoder() : Encoder(EncoderOptions{}) {}
+
+Encoder::Encoder(EncoderOptions options) : state_(new State) {
+  state_->select = options.select;
   int device = 0;
   if (cudaGetDevice(&device) == cudaSuccess)
     cudaDeviceGetAttribute(&state_->sm_count, cudaDevAttrMultiProcessorCount, device);
@@ -281,8 +317,8 @@ cudaError_t Encoder::encode(std::span<const EncodeItem> items, cudaStream_t stre
   s.note_workspace();
 
   // Normally one pass and one synchronization. A step with more changed elements than ever
-  // before overflows the select's output (writes dropped, count exact, shadow untouched: only the
-  // finish kernel writes it, and it does nothing after an overflow): grow to
+  // before overflows the select's output (writes dropped, count exact, shadow untouched: the kernels
+  // that write it do nothing after an overflow): grow to
   // the exact count plus headroom and run again.
   for (;;) {
     DELTASYNC_RETURN_IF_ERROR(s.run_pipeline(stream));

@@ -20,11 +20,27 @@ bool device_available();
 // Turns a cudaError_t into a deltasync::Error with `what` as context; no-op on cudaSuccess.
 void check(cudaError_t err, const char* what);
 
+// How the encoder finds and compacts the changed elements (both give identical results).
+enum class SelectStrategy {
+  // Count pass, scan, write pass: streams the inputs at memory bandwidth, and re-reads only the
+  // sectors holding changed elements. Workspace: 1 bit per element (1/16 of a bf16 model).
+  kTwoPass,
+  // One pass with a decoupled look-back across chunks: reads the inputs once and needs no
+  // workspace proportional to the model, but each chunk waits for its predecessors' counts
+  // (measured slower on an H200: benchmarks/results/).
+  kSinglePass,
+};
+
+struct EncoderOptions {
+  SelectStrategy select = SelectStrategy::kTwoPass;
+};
+
 // Diff + compaction + shadow update for a set of device tensors, with workspace reused across
 // steps (grown only when a step has more changed elements than any before).
 class Encoder {
  public:
   Encoder();
+  explicit Encoder(EncoderOptions options);
   ~Encoder();
   Encoder(const Encoder&) = delete;
   Encoder& operator=(const Encoder&) = delete;

@@ -1,0 +1,281 @@
+// The compact codec against a reference written straight from docs/compact-format.md: plain
+// division in the rANS coder, one bit at a time for the raw bits, one change at a time. The
+// production coder (reciprocal multiplication, a vectorized value-symbol pass, a 64-bit bit
+// writer; a chunked decoder with padded, unchecked reads and a lagged base gather) must
+// produce exactly these bytes and decode them back. The cases sit on the decoder's internal
+// boundaries (chunks of 16 changes, a gather lag of 32) and include gaps so large that a
+// change's raw bits exceed one 64-bit read.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deltasync/compact_codec.hpp"
+#include "deltasync/error.hpp"
+
+namespace ds = deltasync;
+namespace compact = deltasync::compact;
+
+namespace {
+
+// ---- the reference encoder --------------------------------------------------------------------
+
+struct Split {
+  uint32_t token = 0;
+  uint32_t raw_bits = 0;
+  uint64_t raw = 0;
+};
+
+Split split(uint64_t v) {
+  if (v < 16) return {static_cast<uint32_t>(v), 0, 0};
+  const uint32_t n = 63u - static_cast<uint32_t>(std::countl_zero(v));
+  return {16u + 4u * (n - 4u) + static_cast<uint32_t>((v >> (n - 2)) & 3u), n - 2u, v & ((uint64_t{1} << (n - 2)) - 1)};
+}
+
+struct Table {
+  std::vector<uint32_t> freq, start;  // num_symbols entries
+};
+
+// "f = max(1, round(count·4096/total)); a shortfall goes to the first symbol of largest f; an
+// excess is taken repeatedly from the first symbol of largest f, at most half of its f".
+Table quantize(const std::vector<uint64_t>& counts) {
+  Table t;
+  uint64_t total = 0;
+  size_t used = 0;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    total += counts[s];
+    if (counts[s]) used = s + 1;
+  }
+  t.freq.assign(used, 0);
+  if (total == 0) return t;
+  int64_t sum = 0;
+  for (size_t s = 0; s < used; ++s)
+    if (counts[s]) {
+      t.freq[s] = static_cast<uint32_t>(std::max<uint64_t>(1, (counts[s] * 4096 + total / 2) / total));
+      sum += t.freq[s];
+    }
+  const auto first_largest = [&] { return static_cast<size_t>(std::max_element(t.freq.begin(), t.freq.end()) - t.freq.begin()); };
+  if (sum < 4096) t.freq[first_largest()] += static_cast<uint32_t>(4096 - sum);
+  while (sum > 4096) {
+    const size_t s = first_largest();
+    const uint32_t take = std::max<uint32_t>(1, static_cast<uint32_t>(std::min<int64_t>(sum - 4096, t.freq[s] / 2)));
+    t.freq[s] -= take;
+    sum -= take;
+  }
+  uint32_t acc = 0;
+  for (uint32_t f : t.freq) {
+    t.start.push_back(acc);
+    acc += f;
+  }
+  return t;
+}
+
+void put_varint(std::vector<uint8_t>& out, uint32_t v) {
+  for (; v >= 0x80; v >>= 7) out.push_back(static_cast<uint8_t>(v | 0x80));
+  out.push_back(static_cast<uint8_t>(v));
+}
+
+struct ReferenceBlock {
+  uint32_t table_bytes = 0, rans_bytes = 0, bits_bytes = 0;
+  std::vector<uint8_t> payload;
+};
+
+ReferenceBlock reference_block(const int64_t* positions, const uint8_t* new_bits, const uint8_t* base_bits,
+                               uint32_t count, uint32_t w) {
+  std::vector<Split> gaps(count), values(count);
+  std::vector<uint64_t> gap_counts(256, 0), value_counts(256, 0);
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t n = 0, b = 0;
+    std::memcpy(&n, new_bits + size_t{i} * w, w);
+    std::memcpy(&b, base_bits + size_t{i} * w, w);
+    values[i] = split(compact::value_symbol(n, b, w));
+    ++value_counts[values[i].token];
+    if (i > 0) {
+      gaps[i] = split(static_cast<uint64_t>(positions[i] - positions[i - 1] - 1));
+      ++gap_counts[gaps[i].token];
+    }
+  }
+  const Table gap_table = quantize(gap_counts), value_table = quantize(value_counts);
+
+  ReferenceBlock block;
+  for (const Table* t : {&gap_table, &value_table}) {
+    put_varint(block.payload, static_cast<uint32_t>(t->freq.size()));
+    for (uint32_t f : t->freq) put_varint(block.payload, f);
+  }
+  block.table_bytes = static_cast<uint32_t>(block.payload.size());
+
+  // rANS: reverse decode order, renormalize by bytes, then x = (x / f)·4096 + x % f + start.
+  uint32_t x[4] = {1u << 23, 1u << 23, 1u << 23, 1u << 23};
+  std::vector<uint8_t> emitted;  // in emission order; the stream holds them reversed
+  const auto put = [&](int lane, const Table& t, uint32_t token) {
+    const uint32_t f = t.freq.at(token);
+    while (x[lane] >= (uint32_t{1} << 19) * f) {
+      emitted.push_back(static_cast<uint8_t>(x[lane]));
+      x[lane] >>= 8;
+    }
+    x[lane] = (x[lane] / f) * 4096 + x[lane] % f + t.start[token];
+  };
+  for (uint32_t i = count; i-- > 0;) {
+    put(i % 2 ? 3 : 1, value_table, values[i].token);
+    if (i > 0) put(i % 2 ? 2 : 0, gap_table, gaps[i].token);
+  }
+  std::vector<uint8_t> rans(16);
+  for (int lane = 0; lane < 4; ++lane) std::memcpy(rans.data() + 4 * lane, &x[lane], 4);
+  rans.insert(rans.end(), emitted.rbegin(), emitted.rend());
+  block.rans_bytes = static_cast<uint32_t>(rans.size());
+  block.payload.insert(block.payload.end(), rans.begin(), rans.end());
+
+  // Raw bits in decode order, LSB first, one at a time.
+  std::vector<uint8_t> bits;
+  uint64_t nbits = 0;
+  const auto put_bits = [&](const Split& s) {
+    for (uint32_t k = 0; k < s.raw_bits; ++k, ++nbits) {
+      if (nbits % 8 == 0) bits.push_back(0);
+      bits.back() |= static_cast<uint8_t>(((s.raw >> k) & 1) << (nbits % 8));
+    }
+  };
+  for (uint32_t i = 0; i < count; ++i) {
+    if (i > 0) put_bits(gaps[i]);
+    put_bits(values[i]);
+  }
+  block.bits_bytes = static_cast<uint32_t>(bits.size());
+  block.payload.insert(block.payload.end(), bits.begin(), bits.end());
+  return block;
+}
+
+template <typename T>
+T read_le(const std::vector<uint8_t>& bytes, size_t at) {
+  T v;
+  std::memcpy(&v, bytes.data() + at, sizeof v);
+  return v;
+}
+
+// Encodes one tensor's changes with compact::encode and checks every block against the
+// reference, then decodes against `base` and checks the changes come back.
+void expect_matches_reference(const ds::TensorMeta& meta, const void* base, const std::vector<int64_t>& positions,
+                              const std::vector<uint8_t>& new_bits, const std::vector<uint8_t>& base_bits,
+                              uint32_t block_elements) {
+  const uint32_t w = meta.width();
+  ds::SparseDelta delta;
+  delta.offsets = {0, positions.size()};
+  delta.value_offsets = {0, new_bits.size()};
+  delta.indices = positions;
+  delta.values = new_bits;
+  delta.base_values = base_bits;
+  compact::Options options;
+  options.block_elements = block_elements;
+  const std::vector<ds::TensorMeta> metas{meta};
+  const auto encoded = compact::encode(metas, delta.view(), options);
+  ASSERT_EQ(encoded.size(), 1u);
+  const auto& e = encoded[0];
+
+  const uint32_t num_blocks = read_le<uint32_t>(e.block_index, 20);
+  ASSERT_EQ(num_blocks, (positions.size() + block_elements - 1) / block_elements);
+  size_t offset = 0;
+  for (uint32_t b = 0; b < num_blocks; ++b) {
+    const size_t first = size_t{b} * block_elements;
+    const uint32_t count = static_cast<uint32_t>(std::min<size_t>(block_elements, positions.size() - first));
+    const ReferenceBlock ref =
+        reference_block(positions.data() + first, new_bits.data() + first * w, base_bits.data() + first * w, count, w);
+    const size_t record = 24 + 32 * size_t{b};
+    EXPECT_EQ(read_le<uint64_t>(e.block_index, record), static_cast<uint64_t>(positions[first])) << "block " << b;
+    EXPECT_EQ(read_le<uint64_t>(e.block_index, record + 8), offset) << "block " << b;
+    EXPECT_EQ(read_le<uint32_t>(e.block_index, record + 16), count) << "block " << b;
+    EXPECT_EQ(read_le<uint32_t>(e.block_index, record + 20), ref.table_bytes) << "block " << b;
+    EXPECT_EQ(read_le<uint32_t>(e.block_index, record + 24), ref.rans_bytes) << "block " << b;
+    EXPECT_EQ(read_le<uint32_t>(e.block_index, record + 28), ref.bits_bytes) << "block " << b;
+    ASSERT_LE(offset + ref.payload.size(), e.payload.size());
+    EXPECT_TRUE(std::equal(ref.payload.begin(), ref.payload.end(), e.payload.begin() + static_cast<ptrdiff_t>(offset)))
+        << "block " << b << " of " << count << " changes differs from the reference bytes";
+    offset += ref.payload.size();
+  }
+  EXPECT_EQ(offset, e.payload.size());
+
+  const std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload}};
+  const std::vector<ds::ConstTensorRef> refs{{meta.name, base, meta.numel(), w}};
+  compact::DecodedDelta decoded;
+  compact::decode(views, metas, refs, "mem", decoded);
+  EXPECT_EQ(decoded.storage.indices, positions);
+  EXPECT_EQ(decoded.storage.values, new_bits);
+  EXPECT_EQ(decoded.storage.base_values, base_bits);
+}
+
+struct Case {
+  ds::DType dtype;
+  double density;
+  bool random_values;  // else ±1..2 steps of the ordered pattern
+};
+
+}  // namespace
+
+TEST(CompactReference, EncoderBytesEqualTheSpecOnChunkAndLagBoundaries) {
+  std::mt19937_64 rng(31);
+  const Case cases[] = {{ds::DType::BF16, 0.01, false}, {ds::DType::BF16, 0.3, true}, {ds::DType::F32, 0.003, true},
+                        {ds::DType::F8_E4M3, 0.05, true}, {ds::DType::F16, 1.0, false}};
+  const uint32_t block_sizes[] = {1, 2, 15, 16, 17, 31, 32, 33, 48, 65, 1000, 16384};
+  for (const Case& c : cases) {
+    const ds::TensorMeta meta{"t", c.dtype, {20000}};
+    const uint32_t w = meta.width();
+    std::vector<uint8_t> base(meta.numel() * w);
+    for (auto& byte : base) byte = static_cast<uint8_t>(rng());
+    std::vector<int64_t> positions;
+    std::vector<uint8_t> new_bits, base_bits;
+    std::bernoulli_distribution pick(c.density);
+    for (uint64_t i = 0; i < meta.numel(); ++i) {
+      if (!pick(rng)) continue;
+      uint32_t old = 0;
+      std::memcpy(&old, base.data() + i * w, w);
+      // A few random values among ulp steps give tokens seen once in a block: at 16384 changes
+      // per block their frequency is 1, the reciprocal coder's special case.
+      const bool random_value = c.random_values || positions.size() % 5000 == 4999;
+      uint32_t v = random_value ? static_cast<uint32_t>(rng()) & compact::width_mask(w)
+                                   : compact::from_ordered((compact::to_ordered(old, w) + (rng() & 1 ? 1u : 0u - 2u)) &
+                                                               compact::width_mask(w),
+                                                           w);
+      if (v == old) v ^= 1;
+      positions.push_back(static_cast<int64_t>(i));
+      new_bits.insert(new_bits.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + w);
+      base_bits.insert(base_bits.end(), base.data() + i * w, base.data() + (i + 1) * w);
+    }
+    ASSERT_GT(positions.size(), 40u);
+    for (uint32_t block : block_sizes) {
+      SCOPED_TRACE(std::string(ds::dtype_name(c.dtype)) + " density " + std::to_string(c.density) + " block " +
+                   std::to_string(block));
+      expect_matches_reference(meta, base.data(), positions, new_bits, base_bits, block);
+    }
+  }
+}
+
+TEST(CompactReference, GapsWhoseRawBitsExceedOneRead) {
+  // Gaps of ~2^31 (29 raw bits) next to random F32 values (up to 29 raw bits): more raw bits
+  // per change than one 64-bit read serves. The base is a read-only mapping of zeros that is
+  // never written, so it costs address space only.
+  const uint64_t numel = uint64_t{1} << 38;
+  const uint32_t w = 4;
+  void* mapping = mmap(nullptr, numel * w, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mapping == MAP_FAILED) GTEST_SKIP() << "cannot reserve " << numel * w << " bytes of address space";
+  std::mt19937_64 rng(5);
+  std::vector<int64_t> positions;
+  std::vector<uint8_t> new_bits, base_bits;
+  int64_t p = static_cast<int64_t>(rng() % 1000);
+  while (positions.size() < 70) {
+    positions.push_back(p);
+    const uint32_t v = static_cast<uint32_t>(rng()) | 1u;  // never equal to the zero base bits
+    new_bits.insert(new_bits.end(), reinterpret_cast<const uint8_t*>(&v), reinterpret_cast<const uint8_t*>(&v) + w);
+    base_bits.insert(base_bits.end(), w, 0);
+    // Mostly huge gaps, sometimes adjacent or small ones.
+    const uint64_t kind = rng() % 4;
+    p += 1 + static_cast<int64_t>(kind == 0 ? 0 : kind == 1 ? rng() % 300 : (uint64_t{1} << 31) + rng() % (uint64_t{1} << 30));
+  }
+  const ds::TensorMeta meta{"huge", ds::DType::F32, {numel}};
+  for (uint32_t block : {16u, 33u, 70u}) {
+    SCOPED_TRACE("block " + std::to_string(block));
+    expect_matches_reference(meta, mapping, positions, new_bits, base_bits, block);
+  }
+  munmap(mapping, numel * w);
+}
