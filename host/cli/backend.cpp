@@ -41,6 +41,21 @@ void encode_compact_on(Backend backend, std::span<const EncodeItem> items, std::
   encoded = compact::encode(tensors, out.view(), options);
 }
 
+void encode_delta_on(Backend backend, std::span<const EncodeItem> items, std::span<const TensorMeta> tensors,
+                     DeltaFormat format, EncodedDelta& out) {
+  out.format = format;
+  out.compact.clear();
+  if (format == DeltaFormat::Compact) return encode_compact_on(backend, items, tensors, {}, out.changes, out.compact);
+  encode_on(backend, items, out.changes);
+}
+
+void write_encoded_delta(const std::string& path, std::span<const TensorMeta> tensors, EncodedDelta& delta,
+                         const DeltaInfo& info) {
+  if (delta.format == DeltaFormat::Compact)
+    return compact::write_compact_delta(path, tensors, delta.changes.view(), info, std::move(delta.compact));
+  write_delta(path, delta.format, tensors, delta.changes.view(), info);
+}
+
 void apply_on(Backend backend, std::span<const TensorRef> targets, std::span<const PatchRef> patches) {
 #ifdef DELTASYNC_WITH_CUDA
   if (backend == Backend::Cuda) return apply_cuda(targets, patches);

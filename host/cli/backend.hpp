@@ -6,6 +6,7 @@
 
 #include "args.hpp"
 #include "deltasync/compact_codec.hpp"
+#include "deltasync/delta_io.hpp"
 #include "deltasync/sparse_delta.hpp"
 #include "deltasync/tensor.hpp"
 
@@ -28,6 +29,20 @@ void encode_on(Backend backend, std::span<const EncodeItem> items, SparseDelta& 
 void encode_compact_on(Backend backend, std::span<const EncodeItem> items, std::span<const TensorMeta> tensors,
                        const compact::Options& options, SparseDelta& out,
                        std::vector<compact::EncodedTensor>& encoded);
+// A delta in the layout it will be written in: the change set, and for the compact layout its
+// encoded tensors (from the GPU codec on the CUDA backend).
+struct EncodedDelta {
+  DeltaFormat format = DeltaFormat::Compact;
+  SparseDelta changes;
+  std::vector<compact::EncodedTensor> compact;
+};
+// encode_on, or encode_compact_on for the compact layout (default codec options).
+void encode_delta_on(Backend backend, std::span<const EncodeItem> items, std::span<const TensorMeta> tensors,
+                     DeltaFormat format, EncodedDelta& out);
+// Writes it atomically; the compact tensors are moved into the file.
+void write_encoded_delta(const std::string& path, std::span<const TensorMeta> tensors, EncodedDelta& delta,
+                         const DeltaInfo& info);
+
 // cpu::apply semantics on host buffers (nothing written on an invalid patch).
 void apply_on(Backend backend, std::span<const TensorRef> targets, std::span<const PatchRef> patches);
 

@@ -89,7 +89,8 @@ int run_demo(const Args& raw) {
               "train ms", "encode ms", "write ms", "apply ms", "receiver");
   sim::AdamW opt;
   opt.lr = lr;
-  SparseDelta delta;
+  EncodedDelta encoded;  // reused across steps
+  const SparseDelta& delta = encoded.changes;
   uint64_t sum_delta_bytes = 0;
   for (uint64_t version = 1; version <= steps; ++version) {
     auto t0 = Clock::now();
@@ -101,7 +102,7 @@ int run_demo(const Args& raw) {
     std::vector<EncodeItem> items;
     for (size_t t = 0; t < meta.size(); ++t)
       items.push_back({meta[t].name, trainer.bf16(t), shadow.tensors[t].data(), meta[t].numel(), 2});
-    encode_on(backend, items, delta);
+    encode_delta_on(backend, items, meta, format, encoded);
     DeltaInfo info;
     info.model_version = version;
     info.base_version = version - 1;
@@ -113,7 +114,7 @@ int run_demo(const Args& raw) {
     char name[64];
     std::snprintf(name, sizeof name, "delta-%06llu.safetensors", static_cast<unsigned long long>(version));
     const std::string path = (dir / name).string();
-    write_delta(path, format, meta, delta.view(), info);
+    write_encoded_delta(path, meta, encoded, info);
     const double write_ms = ms_since(t0);
 
     // Receiver: read the file, verify its base, apply in place, verify the result.

@@ -41,12 +41,14 @@ int run_diff(const Args& raw) {
   std::vector<EncodeItem> items;
   for (size_t t = 0; t < base.meta.size(); ++t)
     items.push_back({base.meta[t].name, next_bits[t], base.tensor_data(t), base.meta[t].numel(), base.meta[t].width()});
-  SparseDelta delta;
-  encode_on(backend, items, delta);
+  // The compact layout is coded where the change set is (on the GPU with the CUDA backend).
+  EncodedDelta encoded;
+  encode_delta_on(backend, items, base.meta, format, encoded);
+  const SparseDelta& delta = encoded.changes;
 
   integrity::put_delta_digests(
       info, integrity::delta_digests(base.meta, delta.view(), base_digests, info.model_version, info.base_version));
-  write_delta(out_path, format, base.meta, delta.view(), info);
+  write_encoded_delta(out_path, base.meta, encoded, info);
 
   uint64_t total = 0, full_bytes = 0;
   for (const auto& m : base.meta) {

@@ -13,10 +13,6 @@ namespace deltasync::compact {
 namespace {
 
 using detail::BlockError;
-using detail::BlockRecord;
-using detail::IndexHeader;
-using detail::kIndexHeaderBytes;
-using detail::kRecordBytes;
 
 void run_tasks(size_t n, const Options& options, const std::function<void(size_t)>& fn) {
   if (options.parallel && n > 1) {
@@ -29,64 +25,6 @@ void run_tasks(size_t n, const Options& options, const std::function<void(size_t
 void check_block_elements(const Options& options) {
   if (options.block_elements == 0 || options.block_elements > (1u << 24))
     throw Error("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
-}
-
-// A block index read and checked against its payload and tensor.
-struct ParsedTensor {
-  size_t base_index = 0;
-  uint64_t changed = 0;
-  std::vector<BlockRecord> blocks;
-  std::span<const uint8_t> payload;
-};
-
-ParsedTensor parse_index(const EncodedTensorView& e, size_t base_index, uint64_t numel, const std::string& where) {
-  ParsedTensor parsed;
-  parsed.base_index = base_index;
-  parsed.payload = e.payload;
-  if (e.block_index.size() < kIndexHeaderBytes)
-    throw Error(where + ": block index truncated (" + std::to_string(e.block_index.size()) + " bytes)");
-  const IndexHeader header = detail::read_header(e.block_index.data());
-  if (e.block_index.size() != kIndexHeaderBytes + uint64_t{header.num_blocks} * kRecordBytes)
-    throw Error(where + ": block index has " + std::to_string(e.block_index.size()) + " bytes for " +
-                std::to_string(header.num_blocks) + " blocks");
-  if (header.changed == 0 || header.num_blocks == 0) throw Error(where + ": block index lists no changes");
-  if (header.changed > numel)
-    throw Error(where + ": " + std::to_string(header.changed) + " changes for a tensor of " + std::to_string(numel) +
-                " elements");
-  if (header.block_elements == 0) throw Error(where + ": block index has block_elements 0");
-  if (header.payload_bytes != e.payload.size())
-    throw Error(where + ": payload has " + std::to_string(e.payload.size()) + " bytes, block index says " +
-                std::to_string(header.payload_bytes));
-  parsed.changed = header.changed;
-  parsed.blocks.resize(header.num_blocks);
-  uint64_t next_offset = 0;
-  uint64_t total_count = 0;
-  for (uint32_t b = 0; b < header.num_blocks; ++b) {
-    const BlockRecord r = detail::read_record(e.block_index.data() + kIndexHeaderBytes + size_t{b} * kRecordBytes);
-    const std::string block = where + ": block " + std::to_string(b);
-    if (r.count == 0 || r.count > header.block_elements)
-      throw Error(block + ": count " + std::to_string(r.count) + " outside 1.." + std::to_string(header.block_elements));
-    // Blocks tile the payload in order: this rejects offsets outside it, overlaps and gaps.
-    if (r.payload_offset != next_offset)
-      throw Error(block + ": payload offset " + std::to_string(r.payload_offset) + " (expected " +
-                  std::to_string(next_offset) + ")");
-    if (r.payload_bytes() > e.payload.size() - next_offset)
-      throw Error(block + ": " + std::to_string(r.payload_bytes()) + " payload bytes run past the end of the payload");
-    if (r.first_position >= numel)
-      throw Error(block + ": first position " + std::to_string(r.first_position) + " is outside the tensor (" +
-                  std::to_string(numel) + " elements)");
-    if (b > 0 && r.first_position <= parsed.blocks[b - 1].first_position)
-      throw Error(block + ": first position " + std::to_string(r.first_position) + " is not after the previous block's");
-    next_offset += r.payload_bytes();
-    total_count += r.count;
-    parsed.blocks[b] = r;
-  }
-  if (next_offset != e.payload.size())
-    throw Error(where + ": payload has " + std::to_string(e.payload.size() - next_offset) + " trailing bytes");
-  if (total_count != header.changed)
-    throw Error(where + ": block counts sum to " + std::to_string(total_count) + ", block index says " +
-                std::to_string(header.changed));
-  return parsed;
 }
 
 }  // namespace
@@ -150,22 +88,22 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
       BlockRecord r = records[i];
       r.payload_offset = offset;
       offset += r.payload_bytes();
-      detail::write_record(r, e.block_index.data() + kIndexHeaderBytes + (i - first_task[t]) * kRecordBytes);
+      write_record(r, e.block_index.data() + kIndexHeaderBytes + (i - first_task[t]) * kRecordBytes);
     }
     e.payload.reserve(offset);
     for (size_t i = first_task[t]; i < first_task[t + 1]; ++i) {
       e.payload.insert(e.payload.end(), payloads[i].begin(), payloads[i].end());
       std::vector<uint8_t>().swap(payloads[i]);
     }
-    detail::write_header(IndexHeader{e.changed, offset, options.block_elements, static_cast<uint32_t>(num_blocks)},
+    write_header(IndexHeader{e.changed, offset, options.block_elements, static_cast<uint32_t>(num_blocks)},
                          e.block_index.data());
   }
   return out;
 }
 
-void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMeta> base_meta,
-            std::span<const ConstTensorRef> base, const std::string& label, DecodedDelta& out,
-            const Options& options) {
+std::vector<ParsedBlockIndex> parse_encoded_tensors(std::span<const EncodedTensorView> encoded,
+                                                    std::span<const TensorMeta> base_meta,
+                                                    std::span<const ConstTensorRef> base, const std::string& label) {
   if (base.size() != base_meta.size())
     throw Error(label + ": " + std::to_string(base.size()) + " base tensors for " + std::to_string(base_meta.size()) +
                 " descriptions");
@@ -176,7 +114,7 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     by_name.emplace(base_meta[t].name, t);
   }
 
-  std::vector<ParsedTensor> parsed;
+  std::vector<ParsedBlockIndex> parsed;
   std::vector<bool> seen(base_meta.size(), false);
   parsed.reserve(encoded.size());
   for (const EncodedTensorView& e : encoded) {
@@ -189,19 +127,32 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     const uint32_t width = base_meta[t].width();
     if (width != 1 && width != 2 && width != 4)
       throw Error(where + ": unsupported element width " + std::to_string(width));
-    parsed.push_back(parse_index(e, t, base_meta[t].numel(), where));
+    parsed.push_back(parse_block_index(e.block_index, e.payload, t, base_meta[t].numel(), where));
   }
 
-  SparseDelta& s = out.storage;
+  return parsed;
+}
+
+void layout_offsets(std::span<const ParsedBlockIndex> parsed, std::span<const TensorMeta> base_meta,
+                    std::vector<uint64_t>& offsets, std::vector<uint64_t>& value_offsets) {
   const size_t T = base_meta.size();
   std::vector<uint64_t> changed(T, 0);
-  for (const ParsedTensor& p : parsed) changed[p.base_index] = p.changed;
-  s.offsets.assign(T + 1, 0);
-  s.value_offsets.assign(T + 1, 0);
+  for (const ParsedBlockIndex& p : parsed) changed[p.base_index] = p.changed;
+  offsets.assign(T + 1, 0);
+  value_offsets.assign(T + 1, 0);
   for (size_t t = 0; t < T; ++t) {
-    s.offsets[t + 1] = s.offsets[t] + changed[t];
-    s.value_offsets[t + 1] = s.value_offsets[t] + changed[t] * base_meta[t].width();
+    offsets[t + 1] = offsets[t] + changed[t];
+    value_offsets[t + 1] = value_offsets[t] + changed[t] * base_meta[t].width();
   }
+}
+
+void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMeta> base_meta,
+            std::span<const ConstTensorRef> base, const std::string& label, DecodedDelta& out,
+            const Options& options) {
+  const std::vector<ParsedBlockIndex> parsed = parse_encoded_tensors(encoded, base_meta, base, label);
+  SparseDelta& s = out.storage;
+  layout_offsets(parsed, base_meta, s.offsets, s.value_offsets);
+  const size_t T = base_meta.size();
   s.indices.resize(s.offsets[T]);
   s.values.resize(s.value_offsets[T]);
   s.base_values.resize(s.value_offsets[T]);
@@ -223,7 +174,7 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
   }
   run_tasks(tasks.size(), options, [&](size_t k) {
     const Task& task = tasks[k];
-    const ParsedTensor& p = parsed[task.parsed];
+    const ParsedBlockIndex& p = parsed[task.parsed];
     const size_t t = p.base_index;
     const uint32_t width = base_meta[t].width();
     const BlockRecord& r = p.blocks[task.block];

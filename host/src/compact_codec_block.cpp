@@ -13,6 +13,7 @@
 // matcher finds nothing in noise-like gaps; a static table per block is what a GPU thread can
 // decode without shared state.
 #include "compact_codec_block.hpp"
+#include "little_endian.hpp"
 
 #include <algorithm>
 #include <array>
@@ -25,30 +26,11 @@
 namespace deltasync::compact::detail {
 namespace {
 
-constexpr uint32_t kScaleBits = 12;
-constexpr uint32_t kScale = 1u << kScaleBits;
-constexpr uint32_t kRansLow = 1u << 23;  // state interval [kRansLow, kRansLow << 8)
 constexpr uint32_t kGapTokens = 256;     // tokens of 64-bit integers
 constexpr int kLanes = 4;
 
-template <typename T>
-void store_le(uint8_t* out, T v) {
-  if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(out, &v, sizeof(T));
-  } else {
-    for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
-  }
-}
-template <typename T>
-T load_le(const uint8_t* in) {
-  T v = 0;
-  if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(&v, in, sizeof(T));
-  } else {
-    for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(in[i]) << (8 * i);
-  }
-  return v;
-}
+using ::deltasync::detail::load_le;
+using ::deltasync::detail::store_le;
 
 // ---- hybrid integers ----------------------------------------------------------------------
 
@@ -276,39 +258,6 @@ void read_model(const uint8_t*& p, const uint8_t* end, uint32_t limit, bool requ
   if (acc != kScale) throw BlockError(std::string(kind) + " table frequencies do not sum to the scale");
 }
 
-// Encoder view of one symbol: division by the frequency replaced by a multiply with a
-// precomputed reciprocal (exact for states below 2^31, which the byte-wise renormalization
-// guarantees), as in the classic "rans_byte" formulation.
-// 32 bytes, so that indexing by token is one shift.
-struct alignas(32) EncSymbol {
-  uint32_t x_max = 0;      // emit one byte if x >= x_max
-  uint32_t x_max2 = 0;     // emit two if x >= x_max2 (x_max << 8, saturated: x < 2^31 never reaches it)
-  uint32_t rcp_freq = 0;   // ceil(2^(shift+31) / freq)
-  uint32_t bias = 0;
-  uint32_t cmpl_freq = 0;  // kScale - freq
-  uint32_t rcp_shift = 0;  // 32 + the reciprocal's extra shift
-};
-
-EncSymbol enc_symbol(uint32_t start, uint32_t freq) {
-  EncSymbol e;
-  e.x_max = ((kRansLow >> kScaleBits) << 8) * freq;
-  e.x_max2 = static_cast<uint32_t>(std::min<uint64_t>(uint64_t{e.x_max} << 8, 0xFFFFFFFFu));
-  e.cmpl_freq = kScale - freq;
-  if (freq < 2) {
-    // q = x·(2^32-1) >> 32 = x - 1, and x + (start + kScale - 1) + (x - 1)(kScale - 1) = x·kScale + start.
-    e.rcp_freq = ~0u;
-    e.rcp_shift = 32;
-    e.bias = start + kScale - 1;
-  } else {
-    uint32_t shift = 0;
-    while (freq > (1u << shift)) ++shift;
-    e.rcp_freq = static_cast<uint32_t>(((uint64_t{1} << (shift + 31)) + freq - 1) / freq);
-    e.rcp_shift = 32 + shift - 1;
-    e.bias = start;
-  }
-  return e;
-}
-
 // Renormalization emits 0, 1 or 2 bytes (x < 2^31 and x_max >= 2^19). Branch-free: both
 // candidate bytes are stored (as one 16-bit store) and the pointer moves by the count, because
 // whether a symbol emits is close to a coin flip and a mispredicted branch per symbol would
@@ -325,32 +274,6 @@ inline void rans_put(uint32_t& x, uint8_t*& ptr, const EncSymbol& e) {
 }
 
 }  // namespace
-
-void write_header(const IndexHeader& h, uint8_t* out) {
-  store_le(out, h.changed);
-  store_le(out + 8, h.payload_bytes);
-  store_le(out + 16, h.block_elements);
-  store_le(out + 20, h.num_blocks);
-}
-
-IndexHeader read_header(const uint8_t* in) {
-  return IndexHeader{load_le<uint64_t>(in), load_le<uint64_t>(in + 8), load_le<uint32_t>(in + 16),
-                     load_le<uint32_t>(in + 20)};
-}
-
-void write_record(const BlockRecord& r, uint8_t* out) {
-  store_le(out, r.first_position);
-  store_le(out + 8, r.payload_offset);
-  store_le(out + 16, r.count);
-  store_le(out + 20, r.table_bytes);
-  store_le(out + 24, r.rans_bytes);
-  store_le(out + 28, r.bits_bytes);
-}
-
-BlockRecord read_record(const uint8_t* in) {
-  return BlockRecord{load_le<uint64_t>(in),      load_le<uint64_t>(in + 8),  load_le<uint32_t>(in + 16),
-                     load_le<uint32_t>(in + 20), load_le<uint32_t>(in + 24), load_le<uint32_t>(in + 28)};
-}
 
 namespace {
 

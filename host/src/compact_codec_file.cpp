@@ -18,9 +18,9 @@ struct Container {
 };
 
 Container build(std::span<const TensorMeta> tensors, const DeltaView& delta, const DeltaInfo& info,
-                const Options& options) {
+                const Options& options, std::vector<EncodedTensor> encoded) {
   Container c;
-  c.encoded = encode(tensors, delta, options);
+  c.encoded = std::move(encoded);
   for (const EncodedTensor& e : c.encoded) {
     c.tensors.push_back({e.name + std::string(kIndexSuffix), DType::U8, {e.block_index.size()}, e.block_index});
     c.tensors.push_back({e.name + std::string(kDataSuffix), DType::U8, {e.payload.size()}, e.payload});
@@ -50,13 +50,18 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 
 std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors, const DeltaView& delta,
                                              const DeltaInfo& info, const Options& options) {
-  const Container c = build(tensors, delta, info, options);
+  const Container c = build(tensors, delta, info, options, encode(tensors, delta, options));
   return st::serialize(c.tensors, c.metadata);
 }
 
 void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
                          const DeltaInfo& info, const Options& options) {
-  const Container c = build(tensors, delta, info, options);
+  write_compact_delta(path, tensors, delta, info, encode(tensors, delta, options), options);
+}
+
+void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
+                         const DeltaInfo& info, std::vector<EncodedTensor> encoded, const Options& options) {
+  const Container c = build(tensors, delta, info, options, std::move(encoded));
   st::write_file(path, c.tensors, c.metadata);
 }
 

@@ -1,5 +1,6 @@
 // Device-side pieces of the compact block coder (docs/compact-format.md), mirroring
-// host/src/compact_codec_block.cpp function by function: value symbols, hybrid-integer tokens,
+// host/src/compact_codec_block.cpp function by function (the value symbols and the rANS symbol
+// arithmetic are the CPU's own, deltasync/compact_symbols.hpp): hybrid-integer tokens,
 // the deterministic table quantization, varints and little-endian byte access. Everything
 // works on bytes (no wide loads or stores), because payloads, records and value arrays have no
 // alignment guarantee. Shared by the encode and decode kernels.
@@ -8,43 +9,29 @@
 
 #include <cstdint>
 
+#include "deltasync/compact_block_index.hpp"
+#include "deltasync/compact_symbols.hpp"
+
 namespace deltasync::cuda::detail::compact_coder {
 
-inline constexpr uint32_t kScaleBits = 12;
-inline constexpr uint32_t kScale = 1u << kScaleBits;
-inline constexpr uint32_t kRansLow = 1u << 23;  // rANS state interval [kRansLow, kRansLow << 8)
+// Shared with the CPU codec (deltasync/compact_symbols.hpp, deltasync/compact_block_index.hpp).
+using compact::apply_value_symbol;
+using compact::enc_symbol;
+using compact::EncSymbol;
+using compact::from_ordered;
+using compact::kRansLow;
+using compact::kScale;
+using compact::kScaleBits;
+using compact::to_ordered;
+using compact::value_symbol;
+using compact::width_mask;
 inline constexpr uint32_t kGapTokens = 256;     // tokens of 64-bit integers
 inline constexpr uint32_t kMaxValueTokens = 128;  // value tokens of 4-byte elements
-inline constexpr uint32_t kIndexHeaderBytes = 24;
-inline constexpr uint32_t kRecordBytes = 32;
+inline constexpr uint32_t kIndexHeaderBytes = compact::kIndexHeaderBytes;
+inline constexpr uint32_t kRecordBytes = compact::kRecordBytes;
 // Largest encoded size of both frequency tables: num_symbols (<= 256: 2 varint bytes) and
 // frequencies (<= 4096: 2 bytes each) for 256 gap and 128 value symbols.
 inline constexpr uint32_t kMaxTableBytes = 2 + 2 * kGapTokens + 2 + 2 * kMaxValueTokens;
-
-// ---- value symbols (compact::value_symbol / apply_value_symbol) -----------------------------
-
-__host__ __device__ inline uint32_t width_mask(uint32_t width) {
-  return width >= 4 ? 0xFFFFFFFFu : (1u << (8 * width)) - 1u;
-}
-__host__ __device__ inline uint32_t to_ordered(uint32_t bits, uint32_t width) {
-  const uint32_t sign = 1u << (8 * width - 1);
-  return (bits & sign) ? (~bits & width_mask(width)) : (bits | sign);
-}
-__host__ __device__ inline uint32_t from_ordered(uint32_t ordered, uint32_t width) {
-  const uint32_t sign = 1u << (8 * width - 1);
-  return (ordered & sign) ? (ordered & ~sign) : (~ordered & width_mask(width));
-}
-__host__ __device__ inline uint32_t value_symbol(uint32_t new_bits, uint32_t base_bits, uint32_t width) {
-  const uint32_t mask = width_mask(width);
-  const uint32_t diff = (to_ordered(new_bits, width) - to_ordered(base_bits, width)) & mask;
-  const uint32_t negative = 0u - ((diff >> (8 * width - 1)) & 1u);
-  return ((diff << 1) ^ negative) & mask;
-}
-__host__ __device__ inline uint32_t apply_value_symbol(uint32_t symbol, uint32_t base_bits, uint32_t width) {
-  const uint32_t mask = width_mask(width);
-  const uint32_t diff = ((symbol >> 1) ^ (0u - (symbol & 1u))) & mask;
-  return from_ordered((to_ordered(base_bits, width) + diff) & mask, width);
-}
 
 // ---- hybrid integers ------------------------------------------------------------------------
 

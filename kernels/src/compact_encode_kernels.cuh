@@ -74,38 +74,6 @@ namespace compact_encode {
 
 using namespace compact_coder;
 
-// Encoder view of one symbol, exactly the CPU's (host/src/compact_codec_block.cpp, enc_symbol):
-// the division by the frequency is a multiply by a rounded-up reciprocal, and the same formula
-// gives the same states bit for bit.
-struct EncSymbol {
-  uint32_t x_max;      // emit one byte if x >= x_max
-  uint32_t x_max2;     // emit two if x >= x_max2 (saturated)
-  uint32_t rcp_freq;
-  uint32_t bias;
-  uint32_t cmpl_freq;
-  uint32_t rcp_shift;  // >= 32
-};
-
-__device__ inline EncSymbol enc_symbol(uint32_t start, uint32_t freq) {
-  EncSymbol e;
-  e.x_max = ((kRansLow >> kScaleBits) << 8) * freq;
-  const uint64_t x_max2 = uint64_t{e.x_max} << 8;
-  e.x_max2 = x_max2 < 0xFFFFFFFFull ? static_cast<uint32_t>(x_max2) : 0xFFFFFFFFu;
-  e.cmpl_freq = kScale - freq;
-  if (freq < 2) {
-    e.rcp_freq = ~0u;
-    e.rcp_shift = 32;
-    e.bias = start + kScale - 1;
-  } else {
-    uint32_t shift = 0;
-    while (freq > (1u << shift)) ++shift;
-    e.rcp_freq = static_cast<uint32_t>(((uint64_t{1} << (shift + 31)) + freq - 1) / freq);
-    e.rcp_shift = 32 + shift - 1;
-    e.bias = start;
-  }
-  return e;
-}
-
 __device__ inline uint64_t gap_of(const int64_t* positions, uint32_t i) {
   return static_cast<uint64_t>(positions[i] - positions[i - 1] - 1);
 }

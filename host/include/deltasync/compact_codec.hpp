@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "deltasync/compact_block_index.hpp"
+#include "deltasync/compact_symbols.hpp"
 #include "deltasync/delta_file.hpp"
 #include "deltasync/safetensors.hpp"
 #include "deltasync/sparse_delta.hpp"
@@ -36,35 +38,6 @@ inline constexpr uint32_t kDefaultBlockElements = 16384;
 
 inline constexpr std::string_view kIndexSuffix = ".cindex";
 inline constexpr std::string_view kDataSuffix = ".cdata";
-
-// The value symbol of one change: the difference new - base of the elements' ORDERED bit
-// patterns (an integer order in which floats sort numerically: sign set -> ~bits, else
-// bits | sign), modulo 2^(8*width), zigzagged so that +1 -> 2, -1 -> 1. A ±1-ulp step is
-// therefore 1 or 2 whatever the sign or exponent. Exposed for tests and entropy measurements.
-inline uint32_t width_mask(uint32_t width) { return width >= 4 ? 0xFFFFFFFFu : (1u << (8 * width)) - 1u; }
-// Written without conditionals: the sign of a changed weight is a coin flip, and compilers turn
-// `sign ? a : b` into a branch that mispredicts on half of all changes.
-inline uint32_t to_ordered(uint32_t bits, uint32_t width) {
-  const uint32_t sign = 1u << (8 * width - 1);
-  const uint32_t negative = 0u - ((bits >> (8 * width - 1)) & 1u);  // all ones iff the sign bit is set
-  return bits ^ ((negative & width_mask(width)) | sign);  // negative: ~bits & mask; else bits | sign
-}
-inline uint32_t from_ordered(uint32_t ordered, uint32_t width) {
-  const uint32_t sign = 1u << (8 * width - 1);
-  const uint32_t was_negative = ((ordered >> (8 * width - 1)) & 1u) - 1u;  // all ones iff the top bit is clear
-  return ordered ^ ((was_negative & width_mask(width)) | sign);
-}
-inline uint32_t value_symbol(uint32_t new_bits, uint32_t base_bits, uint32_t width) {
-  const uint32_t mask = width_mask(width);
-  const uint32_t diff = (to_ordered(new_bits, width) - to_ordered(base_bits, width)) & mask;
-  const uint32_t negative = 0u - ((diff >> (8 * width - 1)) & 1u);
-  return ((diff << 1) ^ negative) & mask;
-}
-inline uint32_t apply_value_symbol(uint32_t symbol, uint32_t base_bits, uint32_t width) {
-  const uint32_t mask = width_mask(width);
-  const uint32_t diff = ((symbol >> 1) ^ (0u - (symbol & 1u))) & mask;
-  return from_ordered((to_ordered(base_bits, width) + diff) & mask, width);
-}
 
 struct Options {
   uint32_t block_elements = kDefaultBlockElements;  // 1 .. 2^24
@@ -104,6 +77,17 @@ struct DecodedDelta {
   std::vector<PatchRef> patches(std::span<const TensorMeta> base_meta) const;
 };
 
+// What every decoder (this one and its GPU twin) checks before any block is decoded: each
+// encoded tensor names a base tensor (once) of a supported width, and its block index is valid
+// (parse_block_index). `base` describes the base tensors (its data pointers are not read).
+// Throws Error("LABEL: ...").
+std::vector<ParsedBlockIndex> parse_encoded_tensors(std::span<const EncodedTensorView> encoded,
+                                                    std::span<const TensorMeta> base_meta,
+                                                    std::span<const ConstTensorRef> base, const std::string& label);
+// The decoded delta's layout per base tensor: offsets and value offsets (T + 1 entries each).
+void layout_offsets(std::span<const ParsedBlockIndex> parsed, std::span<const TensorMeta> base_meta,
+                    std::vector<uint64_t>& offsets, std::vector<uint64_t>& value_offsets);
+
 // Decodes encoded tensors against the base. base[t] holds base_meta[t]'s bits (host memory).
 // Every position is validated (inside the tensor, strictly ascending) and every stream checked
 // for truncation and trailing bytes; on any defect throws Error("LABEL: tensor NAME: reason")
@@ -123,6 +107,10 @@ std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors
 // Same bytes, written atomically (temp name + rename).
 void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
                          const DeltaInfo& info, const Options& options = {});
+// The same file from tensors already encoded with `options` (by this codec or its GPU twin, whose
+// bytes are identical); `delta` is the change set they encode (for the metadata).
+void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
+                         const DeltaInfo& info, std::vector<EncodedTensor> encoded, const Options& options = {});
 
 // True when the file's metadata says format="compact".
 bool is_compact_delta(const st::File& file);

@@ -1,0 +1,54 @@
+// The block index of a compact tensor (NAME.cindex, docs/compact-format.md): its byte layout and
+// the strict parser every decoder runs before touching a block -- the CPU codec and its GPU twin
+// alike, so both refuse the same indexes with the same words.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace deltasync::compact {
+
+// NAME.cindex = IndexHeader followed by num_blocks BlockRecords, all little-endian.
+inline constexpr size_t kIndexHeaderBytes = 24;
+inline constexpr size_t kRecordBytes = 32;
+
+struct IndexHeader {
+  uint64_t changed = 0;         // changes in the tensor (sum of block counts)
+  uint64_t payload_bytes = 0;   // size of NAME.cdata (sum of block sizes)
+  uint32_t block_elements = 0;  // changes per block (the last block may hold fewer)
+  uint32_t num_blocks = 0;
+};
+
+struct BlockRecord {
+  uint64_t first_position = 0;  // flat position of the block's first change
+  uint64_t payload_offset = 0;  // where the block starts inside NAME.cdata
+  uint32_t count = 0;           // changes in the block (>= 1)
+  uint32_t table_bytes = 0;     // the two frequency tables
+  uint32_t rans_bytes = 0;      // the rANS stream of tokens
+  uint32_t bits_bytes = 0;      // the raw low bits
+  uint64_t payload_bytes() const { return uint64_t{table_bytes} + rans_bytes + bits_bytes; }
+};
+
+void write_header(const IndexHeader& h, uint8_t* out);
+IndexHeader read_header(const uint8_t* in);
+void write_record(const BlockRecord& r, uint8_t* out);
+BlockRecord read_record(const uint8_t* in);
+
+// A block index read and checked against its payload and tensor.
+struct ParsedBlockIndex {
+  size_t base_index = 0;  // the base tensor it belongs to (the caller's numbering)
+  uint64_t changed = 0;
+  std::vector<BlockRecord> blocks;
+  std::span<const uint8_t> payload;
+};
+
+// Checks everything the index promises before any block is decoded: its size, a nonzero change
+// count no larger than the tensor, blocks of 1..block_elements changes that tile the payload in
+// order, first positions inside the tensor and strictly ascending, counts that sum up. Throws
+// Error("WHERE: reason") (WHERE names the file and tensor; a block adds ": block B").
+ParsedBlockIndex parse_block_index(std::span<const uint8_t> block_index, std::span<const uint8_t> payload,
+                                   size_t base_index, uint64_t numel, const std::string& where);
+
+}  // namespace deltasync::compact
