@@ -3,12 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "compact_test_support.hpp"
 #include "deltasync/compact_codec.hpp"
 #include "deltasync/cpu_engine.hpp"
 #include "deltasync/error.hpp"
@@ -16,96 +15,19 @@
 
 namespace ds = deltasync;
 namespace compact = deltasync::compact;
+using namespace compact_test;
 
 namespace {
 
-// A model: metadata plus base and current bits, and the delta between them.
-struct Fixture {
-  std::vector<ds::TensorMeta> meta;
-  std::vector<std::vector<uint8_t>> base, current;
-  ds::SparseDelta delta;
-
-  void add(std::string name, ds::DType dtype, uint64_t numel) {
-    meta.push_back({std::move(name), dtype, {numel}});
-    base.emplace_back(numel * ds::dtype_width(dtype));
-    current.emplace_back(numel * ds::dtype_width(dtype));
-  }
-  // Runs the CPU encode on a copy of the base (the shadow), filling `delta`.
-  void encode() {
-    std::vector<std::vector<uint8_t>> shadow = base;
-    std::vector<ds::EncodeItem> items;
-    for (size_t t = 0; t < meta.size(); ++t)
-      items.push_back({meta[t].name, current[t].data(), shadow[t].data(), meta[t].numel(), meta[t].width()});
-    ds::cpu::encode(items, delta);
-  }
-  std::vector<ds::ConstTensorRef> base_refs() const {
-    std::vector<ds::ConstTensorRef> refs;
-    for (size_t t = 0; t < meta.size(); ++t) refs.push_back({meta[t].name, base[t].data(), meta[t].numel(), meta[t].width()});
-    return refs;
-  }
-};
-
-uint32_t load(const std::vector<uint8_t>& bytes, uint64_t i, uint32_t w) {
-  uint32_t v = 0;
-  std::memcpy(&v, bytes.data() + i * w, w);
-  return v;
-}
-void store(std::vector<uint8_t>& bytes, uint64_t i, uint32_t w, uint32_t v) { std::memcpy(bytes.data() + i * w, &v, w); }
-
-// Random base bits for a weight-like tensor, or fully random bits (NaN payloads, ±0, infinities).
-void fill_base(std::vector<uint8_t>& bytes, uint32_t w, std::mt19937_64& rng, bool any_bits) {
-  for (uint64_t i = 0; i < bytes.size() / w; ++i) {
-    uint32_t v = static_cast<uint32_t>(rng());
-    if (!any_bits && w >= 2) {
-      // Float near ±0.02 (or an exact ±0) in the dtype's layout.
-      const float f = (rng() % 50 == 0) ? 0.0f : std::ldexp(1.0f + (rng() % 1000) / 1000.0f, -6 - int(rng() % 6));
-      uint32_t f32;
-      std::memcpy(&f32, &f, 4);
-      if (rng() & 1) f32 |= 0x80000000u;
-      v = w == 4 ? f32 : (f32 >> 16);  // bf16 truncation (F16 gets arbitrary but valid bits)
-    }
-    store(bytes, i, w, v);
-  }
-}
-
-// How the current bits of a changed element differ from the base.
-enum class Change { Ulp, Random, SignFlip };
-
-void make_changes(Fixture& f, size_t t, double density, Change kind, std::mt19937_64& rng) {
-  const uint32_t w = f.meta[t].width();
-  const uint64_t n = f.meta[t].numel();
-  f.current[t] = f.base[t];
-  std::bernoulli_distribution pick(density);
-  for (uint64_t i = 0; i < n; ++i) {
-    if (!pick(rng)) continue;
-    const uint32_t old = load(f.base[t], i, w);
-    uint32_t v = old;
-    switch (kind) {
-      case Change::Ulp: {
-        // ±1 or ±2 steps of the ordered pattern: crosses signs and exponents where they lie.
-        const int step = (rng() & 1 ? 1 : -1) * (rng() % 8 == 0 ? 2 : 1);
-        v = compact::from_ordered((compact::to_ordered(old, w) + static_cast<uint32_t>(step)) & compact::width_mask(w), w);
-        break;
-      }
-      case Change::Random: v = static_cast<uint32_t>(rng()) & compact::width_mask(w); break;
-      case Change::SignFlip: v = old ^ (1u << (8 * w - 1)); break;
-    }
-    if (v == old) v ^= 1;
-    store(f.current[t], i, w, v);
-  }
-}
-
 // Encodes, decodes against the base, applies, and checks that the result equals `current`.
-void expect_round_trip(Fixture& f, uint32_t block_elements) {
+void expect_round_trip(Model& f, uint32_t block_elements) {
   f.encode();
   compact::Options options;
   options.block_elements = block_elements;
   const auto encoded = compact::encode(f.meta, f.delta.view(), options);
-  std::vector<compact::EncodedTensorView> views;
-  for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload});
   compact::DecodedDelta decoded;
   const auto refs = f.base_refs();
-  compact::decode(views, f.meta, refs, "mem", decoded);
+  compact::decode(views_of(encoded), f.meta, refs, "mem", decoded);
   // Same positions, new bits and base bits as the encode produced.
   EXPECT_EQ(decoded.storage.offsets, f.delta.offsets);
   EXPECT_EQ(decoded.storage.indices, f.delta.indices);
@@ -160,16 +82,8 @@ TEST(CompactRoundTrip, EveryDtypeDensityAndChangeKind) {
   for (ds::DType dtype : kWeightDtypes) {
     for (double density : densities) {
       for (Change kind : {Change::Ulp, Change::Random, Change::SignFlip}) {
-        Fixture f;
-        f.add("w", dtype, 20000);
-        f.add("empty", dtype, 0);
-        f.add("norm", dtype, 257);
-        for (size_t t = 0; t < f.meta.size(); ++t) {
-          fill_base(f.base[t], f.meta[t].width(), rng, kind == Change::Random);
-          make_changes(f, t, density, kind, rng);
-        }
-        SCOPED_TRACE(std::string(ds::dtype_name(dtype)) + " density " + std::to_string(density) + " kind " +
-                     std::to_string(int(kind)));
+        Model f = sweep_model(dtype, density, kind, rng);
+        SCOPED_TRACE(sweep_case(dtype, density, kind));
         expect_round_trip(f, 1000);
       }
     }
@@ -179,7 +93,7 @@ TEST(CompactRoundTrip, EveryDtypeDensityAndChangeKind) {
 TEST(CompactRoundTrip, BlockBoundariesAndLargeGaps) {
   std::mt19937_64 rng(99);
   for (uint32_t block : {1u, 2u, 3u, 7u, 64u, 16384u}) {
-    Fixture f;
+    Model f;
     f.add("a", ds::DType::BF16, 5000);
     f.add("b", ds::DType::F32, 3);
     fill_base(f.base[0], 2, rng, false);
@@ -194,7 +108,7 @@ TEST(CompactRoundTrip, BlockBoundariesAndLargeGaps) {
     expect_round_trip(f, block);
   }
   // One change at each end of a big tensor: a gap needing many raw bits.
-  Fixture f;
+  Model f;
   f.add("big", ds::DType::F8_E4M3, uint64_t{1} << 22);
   f.current[0] = f.base[0];
   f.current[0][0] = 1;
@@ -204,7 +118,7 @@ TEST(CompactRoundTrip, BlockBoundariesAndLargeGaps) {
 
 TEST(CompactRoundTrip, UlpChangesCompressWellBelowTheInteroperableLayout) {
   std::mt19937_64 rng(5);
-  Fixture f;
+  Model f;
   f.add("w", ds::DType::BF16, 1 << 20);
   fill_base(f.base[0], 2, rng, false);
   make_changes(f, 0, 0.01, Change::Ulp, rng);
@@ -222,8 +136,8 @@ TEST(CompactRoundTrip, UlpChangesCompressWellBelowTheInteroperableLayout) {
 
 namespace {
 
-Fixture small_model(std::mt19937_64& rng) {
-  Fixture f;
+Model small_model(std::mt19937_64& rng) {
+  Model f;
   f.add("model.embed", ds::DType::BF16, 4096);
   f.add("model.norm", ds::DType::BF16, 64);
   f.add("model.fp8", ds::DType::F8_E5M2, 999);
@@ -239,7 +153,7 @@ Fixture small_model(std::mt19937_64& rng) {
 
 TEST(CompactFile, SerializeReadDecodeApply) {
   std::mt19937_64 rng(11);
-  Fixture f = small_model(rng);
+  Model f = small_model(rng);
   ds::DeltaInfo info;
   info.model_version = 8;
   info.base_version = 7;
@@ -281,7 +195,7 @@ TEST(CompactFile, SerializeReadDecodeApply) {
 
 TEST(CompactFile, RefusesAnotherBaseOrFormat) {
   std::mt19937_64 rng(12);
-  Fixture f = small_model(rng);
+  Model f = small_model(rng);
   const ds::st::File file = ds::st::File::from_bytes(compact::serialize_compact_delta(f.meta, f.delta.view(), {}), "d");
   const auto refs = f.base_refs();
   compact::DecodedDelta decoded;
@@ -312,9 +226,8 @@ namespace {
 
 // One tensor with multi-block changes, large random value changes (so the raw bit stream is
 // long) and the decode inputs; corrupt() edits the bytes, decode_error() returns the message.
-struct Corruptible {
-  Fixture f;
-  compact::EncodedTensor e;
+struct Corruptible : EditableTensor {
+  Model f;
 
   Corruptible() {
     std::mt19937_64 rng(77);
@@ -326,29 +239,12 @@ struct Corruptible {
     options.block_elements = 500;
     e = compact::encode(f.meta, f.delta.view(), options).at(0);
   }
-  // Offsets of the documented block index fields.
-  static constexpr size_t kHeaderChanged = 0, kHeaderPayload = 8, kHeaderBlocks = 20;
-  static size_t record(size_t b) { return 24 + 32 * b; }
-  static constexpr size_t kFirst = 0, kOffset = 8, kCount = 16, kTable = 20, kRans = 24, kBits = 28;
-
-  template <typename T>
-  T get(size_t at) const {
-    T v;
-    std::memcpy(&v, e.block_index.data() + at, sizeof v);
-    return v;
-  }
-  template <typename T>
-  void set(size_t at, T v) {
-    std::memcpy(e.block_index.data() + at, &v, sizeof v);
-  }
-  uint32_t blocks() const { return get<uint32_t>(kHeaderBlocks); }
 
   std::string decode_error() const {
-    std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload}};
     compact::DecodedDelta decoded;
     const auto refs = f.base_refs();
     try {
-      compact::decode(views, f.meta, refs, "bad.safetensors", decoded);
+      compact::decode(views(), f.meta, refs, "bad.safetensors", decoded);
     } catch (const ds::Error& err) {
       const std::string msg = err.what();
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
@@ -455,7 +351,7 @@ TEST(CompactCorrupt, BadBlockIndex) {
 
 TEST(CompactCorrupt, OverlongGap) {
   // Changes at 0 and 50 encoded for a 60-element tensor, decoded against a 40-element base.
-  Fixture f;
+  Model f;
   f.add("layer.w", ds::DType::BF16, 60);
   f.current[0] = f.base[0];
   store(f.current[0], 0, 2, 1);
@@ -501,16 +397,11 @@ TEST(CompactCorrupt, RandomByteFlipsNeverCrash) {
     Corruptible& c = original;
     const auto saved_index = c.e.block_index;
     const auto saved_payload = c.e.payload;
-    const int flips = 1 + static_cast<int>(rng() % 3);
-    for (int k = 0; k < flips; ++k) {
-      auto& bytes = (rng() % 4 == 0) ? c.e.block_index : c.e.payload;
-      bytes[rng() % bytes.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
-    }
-    std::vector<compact::EncodedTensorView> views{{c.e.name, c.e.block_index, c.e.payload}};
+    c.flip_random_bits(rng);
     compact::DecodedDelta decoded;
     const auto refs = c.f.base_refs();
     try {
-      compact::decode(views, c.f.meta, refs, "fuzz", decoded);
+      compact::decode(c.views(), c.f.meta, refs, "fuzz", decoded);
     } catch (const ds::Error&) {
       ++refused;
     }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "compact_test_support.hpp"
 #include "deltasync/compact_two_phase.hpp"
 #include "deltasync/cpu_engine.hpp"
 #include "deltasync/error.hpp"
@@ -15,26 +16,9 @@
 
 namespace ds = deltasync;
 namespace compact = deltasync::compact;
+using namespace compact_test;
 
 namespace {
-
-uint32_t load(const uint8_t* bytes, uint64_t i, uint32_t w) {
-  uint32_t v = 0;
-  std::memcpy(&v, bytes + i * w, w);
-  return v;
-}
-
-struct Model {
-  std::vector<ds::TensorMeta> meta;
-  std::vector<std::vector<uint8_t>> base, current;
-  ds::SparseDelta delta;
-
-  std::vector<ds::ConstTensorRef> base_refs() const {
-    std::vector<ds::ConstTensorRef> refs;
-    for (size_t t = 0; t < meta.size(); ++t) refs.push_back({meta[t].name, base[t].data(), meta[t].numel(), meta[t].width()});
-    return refs;
-  }
-};
 
 // One tensor per weight dtype, random base bits, ~5% changed by one of three kinds of change.
 Model random_model(uint64_t seed) {
@@ -42,15 +26,16 @@ Model random_model(uint64_t seed) {
   Model m;
   const ds::DType dtypes[] = {ds::DType::BF16, ds::DType::F16, ds::DType::F32, ds::DType::F8_E4M3, ds::DType::F8_E5M2};
   for (ds::DType dtype : dtypes) {
-    const uint64_t numel = 3000 + rng() % 2000;
-    m.meta.push_back({"t." + std::string(ds::dtype_name(dtype)), dtype, {numel}});
+    m.add("t." + std::string(ds::dtype_name(dtype)), dtype, 3000 + rng() % 2000);
     const uint32_t w = m.meta.back().width();
-    std::vector<uint8_t> base(numel * w), current;
+    const uint64_t numel = m.meta.back().numel();
+    std::vector<uint8_t>& base = m.base.back();
+    std::vector<uint8_t>& current = m.current.back();
     for (auto& b : base) b = static_cast<uint8_t>(rng());
     current = base;
     for (uint64_t i = 0; i < numel; ++i) {
       if (rng() % 20) continue;
-      const uint32_t old = load(base.data(), i, w);
+      const uint32_t old = load(base, i, w);
       uint32_t v = old;
       switch (rng() % 3) {
         case 0: v = compact::from_ordered((compact::to_ordered(old, w) + (rng() & 1 ? 1u : ~0u)) & compact::width_mask(w), w); break;
@@ -58,16 +43,10 @@ Model random_model(uint64_t seed) {
         default: v = old ^ (1u << (8 * w - 1)); break;
       }
       if (v == old) v ^= 1;
-      std::memcpy(current.data() + i * w, &v, w);
+      store(current, i, w, v);
     }
-    m.base.push_back(std::move(base));
-    m.current.push_back(std::move(current));
   }
-  std::vector<std::vector<uint8_t>> shadow = m.base;
-  std::vector<ds::EncodeItem> items;
-  for (size_t t = 0; t < m.meta.size(); ++t)
-    items.push_back({m.meta[t].name, m.current[t].data(), shadow[t].data(), m.meta[t].numel(), m.meta[t].width()});
-  ds::cpu::encode(items, m.delta);
+  m.encode();
   return m;
 }
 
@@ -123,7 +102,7 @@ TEST(CompactTwoPhase, RebaseInPlaceAndRefusesMismatchedSizes) {
   std::memcpy(values.data(), &unbased, 2);
   std::memcpy(base_bits.data(), &base, 2);
   compact::rebase_values(values, base_bits, w, values);
-  EXPECT_EQ(load(values.data(), 0, w), target);
+  EXPECT_EQ(load(values, 0, w), target);
 
   std::vector<uint8_t> three(3), out(3);
   EXPECT_THROW(compact::rebase_values(three, base_bits, w, out), ds::Error);

@@ -8,7 +8,6 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "compact_test_support.hpp"
 #include "deltasync/compact_codec.hpp"
 #include "deltasync/cpu_engine.hpp"
 #include "deltasync/cuda/compact.hpp"
@@ -29,6 +29,7 @@
 namespace ds = deltasync;
 namespace compact = deltasync::compact;
 namespace cuda = deltasync::cuda;
+using namespace compact_test;
 
 namespace {
 
@@ -98,87 +99,11 @@ struct DeviceDelta {
   }
 };
 
-// ---- models and change sets -------------------------------------------------------------------
-
-struct Model {
-  std::vector<ds::TensorMeta> meta;
-  std::vector<std::vector<uint8_t>> base, current;
-  ds::SparseDelta delta;
-
-  void add(std::string name, ds::DType dtype, uint64_t numel) {
-    meta.push_back({std::move(name), dtype, {numel}});
-    base.emplace_back(numel * ds::dtype_width(dtype));
-    current.emplace_back(numel * ds::dtype_width(dtype));
-  }
-  void encode() {  // CPU encode against a copy of the base
-    std::vector<std::vector<uint8_t>> shadow = base;
-    std::vector<ds::EncodeItem> items;
-    for (size_t t = 0; t < meta.size(); ++t)
-      items.push_back({meta[t].name, current[t].data(), shadow[t].data(), meta[t].numel(), meta[t].width()});
-    ds::cpu::encode(items, delta);
-  }
-  std::vector<ds::ConstTensorRef> base_refs() const {
-    std::vector<ds::ConstTensorRef> refs;
-    for (size_t t = 0; t < meta.size(); ++t) refs.push_back({meta[t].name, base[t].data(), meta[t].numel(), meta[t].width()});
-    return refs;
-  }
-};
-
-uint32_t load(const std::vector<uint8_t>& bytes, uint64_t i, uint32_t w) {
-  uint32_t v = 0;
-  std::memcpy(&v, bytes.data() + i * w, w);
-  return v;
-}
-void store(std::vector<uint8_t>& bytes, uint64_t i, uint32_t w, uint32_t v) { std::memcpy(bytes.data() + i * w, &v, w); }
-
-// Weight-like floats (with exact ±0), or any bits at all (NaN payloads, infinities).
-void fill_base(std::vector<uint8_t>& bytes, uint32_t w, std::mt19937_64& rng, bool any_bits) {
-  for (uint64_t i = 0; i < bytes.size() / w; ++i) {
-    uint32_t v = static_cast<uint32_t>(rng());
-    if (!any_bits && w >= 2) {
-      const float f = (rng() % 50 == 0) ? 0.0f : std::ldexp(1.0f + (rng() % 1000) / 1000.0f, -6 - int(rng() % 6));
-      uint32_t f32;
-      std::memcpy(&f32, &f, 4);
-      if (rng() & 1) f32 |= 0x80000000u;
-      v = w == 4 ? f32 : (f32 >> 16);
-    }
-    store(bytes, i, w, v & compact::width_mask(w));
-  }
-}
-
-enum class Change { Ulp, Random, SignFlip };
-
-void make_changes(Model& m, size_t t, double density, Change kind, std::mt19937_64& rng) {
-  const uint32_t w = m.meta[t].width();
-  m.current[t] = m.base[t];
-  std::bernoulli_distribution pick(density);
-  for (uint64_t i = 0; i < m.meta[t].numel(); ++i) {
-    if (!pick(rng)) continue;
-    const uint32_t old = load(m.base[t], i, w);
-    uint32_t v = old;
-    switch (kind) {
-      case Change::Ulp: {
-        const int step = (rng() & 1 ? 1 : -1) * (rng() % 8 == 0 ? 2 : 1);
-        v = compact::from_ordered((compact::to_ordered(old, w) + static_cast<uint32_t>(step)) & compact::width_mask(w), w);
-        break;
-      }
-      case Change::Random: v = static_cast<uint32_t>(rng()) & compact::width_mask(w); break;
-      case Change::SignFlip: v = old ^ (1u << (8 * w - 1)); break;
-    }
-    if (v == old) v ^= 1;
-    store(m.current[t], i, w, v);
-  }
-}
+// ---- models and change sets (Model, fill_base, make_changes: compact_test_support.hpp) -------
 
 const ds::DType kOneOfEachWidth[] = {ds::DType::F8_E4M3, ds::DType::BF16, ds::DType::F32};
 
 // ---- the two codecs ---------------------------------------------------------------------------
-
-std::vector<compact::EncodedTensorView> views_of(const std::vector<compact::EncodedTensor>& encoded) {
-  std::vector<compact::EncodedTensorView> views;
-  for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload});
-  return views;
-}
 
 // A decode's outcome: the error message, or the decoded arrays.
 struct Outcome {
@@ -292,16 +217,8 @@ TEST_F(CudaCompactCodec, EveryWidthDensityAndChangeKind) {
   for (ds::DType dtype : kOneOfEachWidth) {
     for (double density : {0.001, 0.01, 0.3, 1.0}) {
       for (Change kind : {Change::Ulp, Change::Random, Change::SignFlip}) {
-        Model m;
-        m.add("w", dtype, 20000);
-        m.add("empty", dtype, 0);
-        m.add("norm", dtype, 257);
-        for (size_t t = 0; t < m.meta.size(); ++t) {
-          fill_base(m.base[t], m.meta[t].width(), rng, kind == Change::Random);
-          make_changes(m, t, density, kind, rng);
-        }
-        SCOPED_TRACE(std::string(ds::dtype_name(dtype)) + " density " + std::to_string(density) + " kind " +
-                     std::to_string(int(kind)));
+        Model m = sweep_model(dtype, density, kind, rng);
+        SCOPED_TRACE(sweep_case(dtype, density, kind));
         expect_codecs_agree(m, 1000);
       }
     }
@@ -504,9 +421,8 @@ TEST_F(CudaCompactCodec, EncoderRefusesWhatTheCpuRefuses) {
 // ---- corrupt payloads: same message as the CPU, base untouched ---------------------------------
 
 // A BF16 tensor of 30000 elements, 5% changed, in blocks of 500.
-struct Corruptible {
+struct Corruptible : EditableTensor {
   Model m;
-  compact::EncodedTensor e;
   Corruptible() {
     std::mt19937_64 rng(3);
     m.add("layer.w", ds::DType::BF16, 30000);
@@ -517,25 +433,6 @@ struct Corruptible {
     options.block_elements = 500;
     e = compact::encode(m.meta, m.delta.view(), options).at(0);
   }
-  static constexpr size_t kHeaderChanged = 0, kHeaderPayload = 8, kHeaderBlocks = 20;
-  static size_t record(size_t b) { return 24 + 32 * b; }
-  static constexpr size_t kFirst = 0, kOffset = 8, kCount = 16, kTable = 20, kRans = 24, kBits = 28;
-  template <typename T>
-  T get(size_t at) const {
-    T v;
-    std::memcpy(&v, e.block_index.data() + at, sizeof v);
-    return v;
-  }
-  template <typename T>
-  void set(size_t at, T v) {
-    std::memcpy(e.block_index.data() + at, &v, sizeof v);
-  }
-  template <typename T>
-  void add(size_t at, int64_t delta) {
-    set<T>(at, static_cast<T>(get<T>(at) + delta));
-  }
-  uint32_t blocks() const { return get<uint32_t>(kHeaderBlocks); }
-  std::vector<compact::EncodedTensorView> views() const { return {{e.name, e.block_index, e.payload}}; }
 };
 
 class CudaCompactCorrupt : public CudaCompactCodec {
@@ -714,11 +611,7 @@ TEST_F(CudaCompactCorrupt, RandomByteFlipsGiveTheCpuOutcome) {
   for (int trial = 0; trial < 400; ++trial) {
     const auto saved_index = c.e.block_index;
     const auto saved_payload = c.e.payload;
-    const int flips = 1 + static_cast<int>(rng() % 3);
-    for (int k = 0; k < flips; ++k) {
-      auto& bytes = (rng() % 4 == 0) ? c.e.block_index : c.e.payload;
-      bytes[rng() % bytes.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
-    }
+    c.flip_random_bits(rng);
     const Outcome cpu = cpu_decode(c.views(), c.m, "fuzz");
     const Outcome gpu = gpu_decode(c.views(), c.m, "fuzz");
     ASSERT_EQ(gpu.error, cpu.error) << "trial " << trial;

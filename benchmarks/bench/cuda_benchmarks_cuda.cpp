@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "cuda_buffers.hpp"
+#include "cuda_device_fixture.hpp"
 #include "deltasync/cuda/digest.hpp"
 #include "deltasync/cuda/engine.hpp"
 #include "deltasync/delta_file.hpp"
@@ -26,73 +28,6 @@ using deltasync::cuda::check;
 const std::vector<std::string> kModelAxes{kAxisElements, kAxisChangedShare, kAxisDtype, kAxisTensors};
 const std::vector<std::string> kDenseAxes{kAxisElements, kAxisDtype, kAxisTensors};
 
-class DeviceBytes {
- public:
-  explicit DeviceBytes(size_t bytes) : size_(bytes) { check(cudaMalloc(&ptr_, std::max<size_t>(bytes, 1)), "bench: cudaMalloc"); }
-  ~DeviceBytes() { cudaFree(ptr_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  uint8_t* data() const { return static_cast<uint8_t*>(ptr_); }
-  size_t size() const { return size_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_;
-};
-
-class PinnedBytes {
- public:
-  explicit PinnedBytes(size_t bytes) : size_(bytes) { check(cudaMallocHost(&ptr_, std::max<size_t>(bytes, 1)), "bench: cudaMallocHost"); }
-  ~PinnedBytes() { cudaFreeHost(ptr_); }
-  PinnedBytes(const PinnedBytes&) = delete;
-  PinnedBytes& operator=(const PinnedBytes&) = delete;
-  uint8_t* data() const { return static_cast<uint8_t*>(ptr_); }
-  size_t size() const { return size_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_;
-};
-
-// One stream, a pair of events and the L2-flush buffer, shared by all CUDA benchmarks.
-class Gpu {
- public:
-  static Gpu& get() {
-    static Gpu gpu;
-    return gpu;
-  }
-  cudaStream_t stream() const { return stream_; }
-
-  // Seconds of region() by CUDA events on stream(), cold L2. `region` queues work on stream()
-  // (it may synchronize inside, as Encoder::encode does once).
-  template <class Fn>
-  double time(Fn&& region) {
-    check(cudaMemsetAsync(flush_->data(), 0, flush_->size(), stream_), "bench: L2 flush");
-    check(cudaEventRecord(begin_, stream_), "bench: cudaEventRecord");
-    region();
-    check(cudaEventRecord(end_, stream_), "bench: cudaEventRecord");
-    check(cudaEventSynchronize(end_), "bench: cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, begin_, end_), "bench: cudaEventElapsedTime");
-    return ms / 1e3;
-  }
-  void sync() { check(cudaStreamSynchronize(stream_), "bench: cudaStreamSynchronize"); }
-
- private:
-  Gpu() {
-    int device = 0, l2 = 0;
-    check(cudaGetDevice(&device), "bench: cudaGetDevice");
-    check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "bench: L2 size");
-    flush_ = std::make_unique<DeviceBytes>(std::max<size_t>(2 * static_cast<size_t>(l2), size_t{1} << 20));
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "bench: cudaStreamCreate");
-    check(cudaEventCreate(&begin_), "bench: cudaEventCreate");
-    check(cudaEventCreate(&end_), "bench: cudaEventCreate");
-  }
-  std::unique_ptr<DeviceBytes> flush_;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t begin_ = nullptr, end_ = nullptr;
-};
-
 std::string describe_gpu() {
   int device = 0, driver = 0, runtime = 0;
   cudaDeviceProp p{};
@@ -108,15 +43,6 @@ std::string describe_gpu() {
 }
 
 Registration cuda_device(DeviceInfo{"cuda", [] { return deltasync::cuda::device_available(); }, describe_gpu});
-
-// Free device memory, for sizing checks (the GPU may be shared with the torch baseline).
-bool fits_on_device(State& state, double bytes) {
-  size_t free = 0, total = 0;
-  check(cudaMemGetInfo(&free, &total), "bench: cudaMemGetInfo");
-  if (bytes <= 0.9 * static_cast<double>(free)) return true;
-  state.skip("needs ~" + format_bytes(bytes) + " of device memory, " + format_bytes(static_cast<double>(free)) + " free");
-  return false;
-}
 
 // --- peak: device-to-device copy ---------------------------------------------------------
 
@@ -138,33 +64,6 @@ std::vector<Result> measure_d2d(uint64_t bytes, const SamplingPolicy& policy) {
 Registration peak_cuda(PeakProvider{"cuda", {}, measure_d2d, {"d2d_copy"}});
 
 // --- the model on the device ---------------------------------------------------------------
-
-// Host fixture uploaded: current, shadow and a pristine copy of the shadow to reset from.
-struct DeviceFixture {
-  std::unique_ptr<HostFixture> host;
-  std::unique_ptr<DeviceBytes> current, shadow, base;
-
-  std::vector<EncodeItem> encode_items() const { return host->model.encode_items(current->data(), shadow->data()); }
-  void reset_shadow(cudaStream_t s) const {
-    check(cudaMemcpyAsync(shadow->data(), base->data(), base->size(), cudaMemcpyDeviceToDevice, s), "bench: reset shadow");
-  }
-};
-
-std::unique_ptr<DeviceFixture> make_device_fixture(State& state, int device_arenas, double extra_device_bytes = 0) {
-  auto host = make_host_fixture(state, 2);
-  if (!host) return nullptr;
-  if (!fits_on_device(state, device_arenas * static_cast<double>(host->model.arena_bytes()) + extra_device_bytes)) return nullptr;
-  auto f = std::make_unique<DeviceFixture>();
-  const size_t bytes = host->model.arena_bytes();
-  f->current = std::make_unique<DeviceBytes>(bytes);
-  f->shadow = std::make_unique<DeviceBytes>(bytes);
-  f->base = std::make_unique<DeviceBytes>(bytes);
-  check(cudaMemcpy(f->current->data(), host->current.data(), bytes, cudaMemcpyHostToDevice), "bench: upload");
-  check(cudaMemcpy(f->base->data(), host->shadow.data(), bytes, cudaMemcpyHostToDevice), "bench: upload");
-  check(cudaMemcpy(f->shadow->data(), host->shadow.data(), bytes, cudaMemcpyHostToDevice), "bench: upload");
-  f->host = std::move(host);
-  return f;
-}
 
 // Downloads a device arena and compares it with the host's current weights.
 void expect_current(const DeviceFixture& f, const uint8_t* device_arena, const char* benchmark) {

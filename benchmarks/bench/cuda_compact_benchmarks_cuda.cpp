@@ -1,8 +1,8 @@
 // CUDA benchmarks of the GPU compact codec (kernels/include/deltasync/cuda/compact.hpp), the
 // twins of cpu_codec_benchmarks.cpp's compact rows, declared the same way, plus the row the
 // issue's target is about: GPU encode + compact (to host bytes) against the plain GPU encode.
-// Timing as in cuda_benchmarks_cuda.cpp: CUDA events on one stream around the region, with the
-// L2 flushed before every sample.
+// Timing by cuda_buffers.hpp's Gpu, as in cuda_benchmarks_cuda.cpp: CUDA events on one stream
+// around the region, with the L2 flushed before every sample.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -10,6 +10,8 @@
 #include <cstring>
 #include <memory>
 
+#include "cuda_buffers.hpp"
+#include "cuda_device_fixture.hpp"
 #include "deltasync/compact_codec.hpp"
 #include "deltasync/cpu_engine.hpp"
 #include "deltasync/cuda/compact.hpp"
@@ -25,90 +27,11 @@ using deltasync::cuda::check;
 
 const std::vector<std::string> kModelAxes{kAxisElements, kAxisChangedShare, kAxisDtype, kAxisTensors};
 
-class DeviceBytes {
- public:
-  explicit DeviceBytes(size_t bytes) : size_(bytes) { check(cudaMalloc(&ptr_, std::max<size_t>(bytes, 1)), "bench: cudaMalloc"); }
-  ~DeviceBytes() { cudaFree(ptr_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  uint8_t* data() const { return static_cast<uint8_t*>(ptr_); }
-  size_t size() const { return size_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_;
-};
-
-// Stream, events and L2-flush buffer of this file's benchmarks.
-class CompactGpu {
- public:
-  static CompactGpu& get() {
-    static CompactGpu gpu;
-    return gpu;
-  }
-  cudaStream_t stream() const { return stream_; }
-  template <class Fn>
-  double time(Fn&& region) {
-    check(cudaMemsetAsync(flush_->data(), 0, flush_->size(), stream_), "bench: L2 flush");
-    check(cudaEventRecord(begin_, stream_), "bench: cudaEventRecord");
-    region();
-    check(cudaEventRecord(end_, stream_), "bench: cudaEventRecord");
-    check(cudaEventSynchronize(end_), "bench: cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, begin_, end_), "bench: cudaEventElapsedTime");
-    return ms / 1e3;
-  }
-
- private:
-  CompactGpu() {
-    int device = 0, l2 = 0;
-    check(cudaGetDevice(&device), "bench: cudaGetDevice");
-    check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "bench: L2 size");
-    flush_ = std::make_unique<DeviceBytes>(std::max<size_t>(2 * static_cast<size_t>(l2), size_t{1} << 20));
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "bench: cudaStreamCreate");
-    check(cudaEventCreate(&begin_), "bench: cudaEventCreate");
-    check(cudaEventCreate(&end_), "bench: cudaEventCreate");
-  }
-  std::unique_ptr<DeviceBytes> flush_;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t begin_ = nullptr, end_ = nullptr;
-};
-
-bool fits_on_device(State& state, double bytes) {
-  size_t free = 0, total = 0;
-  check(cudaMemGetInfo(&free, &total), "bench: cudaMemGetInfo");
-  if (bytes <= 0.9 * static_cast<double>(free)) return true;
-  state.skip("needs ~" + format_bytes(bytes) + " of device memory, " + format_bytes(static_cast<double>(free)) + " free");
-  return false;
-}
-
-// The fixture's weights on the device (current, shadow, and the shadow's pristine copy).
-struct DeviceModel {
-  std::unique_ptr<HostFixture> host;
-  std::unique_ptr<DeviceBytes> current, shadow, base;
-  std::vector<EncodeItem> encode_items() const { return host->model.encode_items(current->data(), shadow->data()); }
-  void reset_shadow(cudaStream_t s) const {
-    check(cudaMemcpyAsync(shadow->data(), base->data(), base->size(), cudaMemcpyDeviceToDevice, s), "bench: reset shadow");
-  }
-};
-
 // `changed_bytes_factor`: device bytes per expected change beside the three weight copies
 // (delta, scratch, outputs).
-std::unique_ptr<DeviceModel> make_device_model(State& state, double changed_bytes_factor) {
+std::unique_ptr<DeviceFixture> make_device_model(State& state, double changed_bytes_factor) {
   const double k_est = state.changed_share() * static_cast<double>(state.elements());
-  auto host = make_host_fixture(state, 2);
-  if (!host) return nullptr;
-  const size_t bytes = host->model.arena_bytes();
-  if (!fits_on_device(state, 3.0 * static_cast<double>(bytes) + k_est * changed_bytes_factor)) return nullptr;
-  auto m = std::make_unique<DeviceModel>();
-  m->current = std::make_unique<DeviceBytes>(bytes);
-  m->shadow = std::make_unique<DeviceBytes>(bytes);
-  m->base = std::make_unique<DeviceBytes>(bytes);
-  check(cudaMemcpy(m->current->data(), host->current.data(), bytes, cudaMemcpyHostToDevice), "bench: upload");
-  check(cudaMemcpy(m->base->data(), host->shadow.data(), bytes, cudaMemcpyHostToDevice), "bench: upload");
-  check(cudaMemcpy(m->shadow->data(), host->shadow.data(), bytes, cudaMemcpyHostToDevice), "bench: upload");
-  m->host = std::move(host);
-  return m;
+  return make_device_fixture(state, 3, k_est * changed_bytes_factor);
 }
 
 cuda::DeviceDeltaView device_view(const cuda::Encoder& e) {
@@ -150,7 +73,7 @@ SparseDelta cpu_delta(HostFixture& f) {
 void compact_encode(State& state) {
   auto m = make_device_model(state, 8 + 2 * state.width() * 2 + 24);
   if (!m) return;
-  CompactGpu& gpu = CompactGpu::get();
+  Gpu& gpu = Gpu::get();
   cuda::Encoder diff;
   check(diff.encode(m->encode_items(), gpu.stream()), "encode");
   const auto metas = m->host->metas(state.dtype());
@@ -172,7 +95,7 @@ Registration compact_encode_cuda(Benchmark{"compact_encode", "cuda", kModelAxes,
 void compact_decode(State& state) {
   auto m = make_device_model(state, 8 + 3 * state.width() + 4);
   if (!m) return;
-  CompactGpu& gpu = CompactGpu::get();
+  Gpu& gpu = Gpu::get();
   const SparseDelta delta = cpu_delta(*m->host);
   const auto metas = m->host->metas(state.dtype());
   const auto encoded = compact::encode(metas, delta.view());
@@ -200,7 +123,7 @@ Registration compact_decode_cuda(Benchmark{"compact_decode", "cuda", kModelAxes,
 void encode_compact(State& state) {
   auto m = make_device_model(state, 8 + 2 * state.width() * 2 + 24);
   if (!m) return;
-  CompactGpu& gpu = CompactGpu::get();
+  Gpu& gpu = Gpu::get();
   const auto items = m->encode_items();
   const auto metas = m->host->metas(state.dtype());
   const double n = static_cast<double>(m->host->model.total_elements());
