@@ -294,71 +294,18 @@ TEST(CompactCorrupt, TruncatedPayload) {
 }
 
 TEST(CompactCorrupt, BadBlockIndex) {
-  {  // offset outside the payload
+  for (const BlockIndexDefect& defect : block_index_defects()) {
+    SCOPED_TRACE(defect.what);
     Corruptible c;
-    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kOffset, c.e.payload.size() + 100);
-    EXPECT_REFUSED(c, "block 2: payload offset");
-  }
-  {  // overlapping blocks
-    Corruptible c;
-    c.set<uint64_t>(Corruptible::record(1) + Corruptible::kOffset, 0);
-    EXPECT_REFUSED(c, "block 1: payload offset 0");
-  }
-  {  // a block's sizes run past the payload
-    Corruptible c;
-    const size_t last = Corruptible::record(c.blocks() - 1);
-    c.set<uint32_t>(last + Corruptible::kBits, c.get<uint32_t>(last + Corruptible::kBits) + 1);
-    EXPECT_REFUSED(c, "run past the end of the payload");
-  }
-  {  // counts not summing to the header's total
-    Corruptible c;
-    c.set<uint64_t>(Corruptible::kHeaderChanged, c.get<uint64_t>(Corruptible::kHeaderChanged) - 1);
-    EXPECT_REFUSED(c, "block counts sum to");
-  }
-  {  // a count changed inside a block: its streams no longer match
-    Corruptible c;
-    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kCount, 499);
-    c.set<uint64_t>(Corruptible::kHeaderChanged, c.get<uint64_t>(Corruptible::kHeaderChanged) - 1);
-    EXPECT_REFUSED(c, "block 0: ");
-  }
-  {  // zero count
-    Corruptible c;
-    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kCount, 0);
-    EXPECT_REFUSED(c, "block 0: count 0");
-  }
-  {  // more blocks announced than present
-    Corruptible c;
-    c.set<uint32_t>(Corruptible::kHeaderBlocks, c.blocks() + 1);
-    EXPECT_REFUSED(c, "block index has");
-  }
-  {  // first positions out of order
-    Corruptible c;
-    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kFirst, c.get<uint64_t>(Corruptible::record(1) + Corruptible::kFirst));
-    EXPECT_REFUSED(c, "block 2: first position");
-  }
-  {  // a block that starts before the previous one ends
-    Corruptible c;
-    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kFirst, c.get<uint64_t>(Corruptible::record(1) + Corruptible::kFirst) + 1);
-    EXPECT_REFUSED(c, "block 2");
-  }
-  {  // first position beyond the tensor
-    Corruptible c;
-    const size_t last = Corruptible::record(c.blocks() - 1);
-    c.set<uint64_t>(last + Corruptible::kFirst, 40000);
-    EXPECT_REFUSED(c, "outside the tensor");
+    defect.apply(c);
+    EXPECT_REFUSED(c, defect.fragment);
   }
 }
 
 TEST(CompactCorrupt, OverlongGap) {
   // Changes at 0 and 50 encoded for a 60-element tensor, decoded against a 40-element base.
-  Model f;
-  f.add("layer.w", ds::DType::BF16, 60);
-  f.current[0] = f.base[0];
-  store(f.current[0], 0, 2, 1);
-  store(f.current[0], 50, 2, 1);
-  f.encode();
   Corruptible c;
-  c.e = compact::encode(f.meta, f.delta.view()).at(0);
+  c.e = changes_at_0_and_50_of_60();
   c.f.meta[0].shape = {40};
   c.f.base[0].resize(80);
   EXPECT_REFUSED(c, "gap after position 0 leads outside the tensor (40 elements)");

@@ -500,69 +500,17 @@ TEST_F(CudaCompactCorrupt, TruncatedStreams) {
 }
 
 TEST_F(CudaCompactCorrupt, BadBlockIndex) {
-  {
+  for (const BlockIndexDefect& defect : block_index_defects()) {
+    SCOPED_TRACE(defect.what);
     Corruptible c;
-    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kOffset, c.e.payload.size() + 100);
-    expect_same_refusal(c, "block 2: payload offset");
-  }
-  {
-    Corruptible c;
-    c.set<uint64_t>(Corruptible::record(1) + Corruptible::kOffset, 0);
-    expect_same_refusal(c, "block 1: payload offset 0");
-  }
-  {
-    Corruptible c;
-    c.add<uint32_t>(Corruptible::record(c.blocks() - 1) + Corruptible::kBits, 1);
-    expect_same_refusal(c, "run past the end of the payload");
-  }
-  {
-    Corruptible c;
-    c.add<uint64_t>(Corruptible::kHeaderChanged, -1);
-    expect_same_refusal(c, "block counts sum to");
-  }
-  {  // a count changed inside a block: its streams no longer match
-    Corruptible c;
-    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kCount, 499);
-    c.add<uint64_t>(Corruptible::kHeaderChanged, -1);
-    expect_same_refusal(c, "block 0: ");
-  }
-  {
-    Corruptible c;
-    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kCount, 0);
-    expect_same_refusal(c, "block 0: count 0");
-  }
-  {
-    Corruptible c;
-    c.set<uint32_t>(Corruptible::kHeaderBlocks, c.blocks() + 1);
-    expect_same_refusal(c, "block index has");
-  }
-  {
-    Corruptible c;
-    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kFirst, c.get<uint64_t>(Corruptible::record(1) + Corruptible::kFirst));
-    expect_same_refusal(c, "block 2: first position");
-  }
-  {  // starts inside the previous block: found only after decoding (positions not ascending)
-    Corruptible c;
-    c.set<uint64_t>(Corruptible::record(2) + Corruptible::kFirst,
-                    c.get<uint64_t>(Corruptible::record(1) + Corruptible::kFirst) + 1);
-    expect_same_refusal(c, "block 2");
-  }
-  {
-    Corruptible c;
-    c.set<uint64_t>(Corruptible::record(c.blocks() - 1) + Corruptible::kFirst, 40000);
-    expect_same_refusal(c, "outside the tensor");
+    defect.apply(c);
+    expect_same_refusal(c, defect.fragment);
   }
 }
 
 TEST_F(CudaCompactCorrupt, OverlongGap) {
-  Model m;
-  m.add("layer.w", ds::DType::BF16, 60);
-  m.current[0] = m.base[0];
-  store(m.current[0], 0, 2, 1);
-  store(m.current[0], 50, 2, 1);
-  m.encode();
   Corruptible c;
-  c.e = compact::encode(m.meta, m.delta.view()).at(0);
+  c.e = changes_at_0_and_50_of_60();
   c.m.meta[0].shape = {40};
   c.m.base[0].resize(80);
   expect_same_refusal(c, "gap after position 0 leads outside the tensor (40 elements)");
