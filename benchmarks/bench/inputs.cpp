@@ -79,11 +79,10 @@ std::vector<TensorShape> model_shapes(const std::string& tensors_axis, uint64_t 
 }
 
 AlignedBytes allocate_aligned(size_t bytes) {
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw Error("bench: cannot allocate " + std::to_string(bytes) + " bytes");
   AlignedBytes out;
-  out.ptr = std::unique_ptr<uint8_t, void (*)(void*)>(static_cast<uint8_t*>(p), std::free);
+  // HugeBuffer aligns to 64 bytes at least, so every tensor offset (a multiple of 64) stays on
+  // its own cache line.
+  out.buffer = HugeBuffer(std::max<size_t>(bytes, 1));
   out.size = bytes;
   return out;
 }

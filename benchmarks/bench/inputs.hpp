@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "deltasync/huge_buffer.hpp"
 #include "deltasync/tensor.hpp"
 
 namespace deltasync::bench {
@@ -24,12 +25,17 @@ struct TensorShape {
 //            embedding) scaled so the sizes keep their proportions and sum to `total`.
 std::vector<TensorShape> model_shapes(const std::string& tensors_axis, uint64_t total);
 
-// 64-byte-aligned, uninitialized host memory (the weights of a model live in one arena, each
-// tensor starting on its own cache line as separately allocated tensors would).
+// Zero-filled host memory for an arena of weights (the weights of a model live in one arena, each
+// tensor starting on its own cache line as separately allocated tensors would). Arenas of 2 MiB
+// and more are 2 MiB aligned and advised for huge pages, as deltasync's own host copies of
+// weights are (deltasync/huge_buffer.hpp): the sparse benchmarks would otherwise measure page
+// walks rather than the codec.
 struct AlignedBytes {
-  std::unique_ptr<uint8_t, void (*)(void*)> ptr{nullptr, nullptr};
+  HugeBuffer buffer;
   size_t size = 0;
-  uint8_t* data() const { return ptr.get(); }
+  // Writable through a const reference, like the unique_ptr this struct used to hold: fixtures
+  // are shared as const while their arenas remain the benchmarks' scratch space.
+  uint8_t* data() const { return const_cast<uint8_t*>(buffer.data()); }
 };
 AlignedBytes allocate_aligned(size_t bytes);
 

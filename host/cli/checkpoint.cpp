@@ -11,7 +11,7 @@ CheckpointImage CheckpointImage::load(const std::string& path) {
   CheckpointImage image{st::File::open(path), {}, {}, 0};
   image.meta = model_tensors(image.file);
   const uint64_t size = image.file.size_bytes();
-  image.bytes.resize(size);
+  image.bytes = HugeBuffer(size);
   uint64_t header_len = 0;
   // File::open validated the layout; the writable copy is what apply patches and writes out.
   FILE* f = std::fopen(path.c_str(), "rb");

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "deltasync/delta_file.hpp"
+#include "deltasync/huge_buffer.hpp"
 #include "deltasync/safetensors.hpp"
 #include "deltasync/tensor.hpp"
 
@@ -16,7 +17,9 @@ namespace deltasync::cli {
 struct CheckpointImage {
   st::File file;                 // the validated, mapped original
   std::vector<TensorMeta> meta;  // header order
-  std::vector<uint8_t> bytes;    // whole file
+  // Whole file, in huge pages where granted: apply writes at random positions across it, which
+  // with 4 KiB pages costs a page walk per change (see deltasync/huge_buffer.hpp).
+  HugeBuffer bytes;
   uint64_t data_start = 0;       // offset of the data section in `bytes`
 
   static CheckpointImage load(const std::string& path);

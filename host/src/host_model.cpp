@@ -4,6 +4,7 @@
 
 #include "deltasync/digest.hpp"
 #include "deltasync/error.hpp"
+#include "deltasync/huge_buffer.hpp"
 #include "deltasync/integrity.hpp"
 #include "deltasync/parallel.hpp"
 
@@ -43,11 +44,11 @@ void HostModel::compute_digests() {
 HostModel HostModel::from_file(const st::File& file) {
   HostModel m;
   m.tensors = model_tensors(file);
-  m.data.resize(m.tensors.size());
-  for (size_t t = 0; t < m.tensors.size(); ++t) {
-    auto bytes = file.bytes(file.at(m.tensors[t].name));
-    m.data[t].resize(bytes.size());
-  }
+  m.data.reserve(m.tensors.size());
+  // Huge pages: a subscriber applies sparse deltas at random positions in these tensors, which
+  // with 4 KiB pages costs a page walk per change (see huge_buffer.hpp).
+  for (size_t t = 0; t < m.tensors.size(); ++t)
+    m.data.push_back(huge_page_vector(file.bytes(file.at(m.tensors[t].name)).size()));
   // Copy in parallel: for a large checkpoint the copy is memory-bound per core.
   parallel_for(m.tensors.size(), [&](size_t t) {
     auto bytes = file.bytes(file.at(m.tensors[t].name));

@@ -67,7 +67,7 @@ def test_fetch_verified_refuses_a_replaced_object(store):
 
 def test_publisher_retention_keeps_the_newest_anchors_and_readers_follow(store, tmp_path):
     trainer = make_model(0)
-    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=3, keep_anchors=2) as pub:
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=3, keep_anchors=2, max_pending=16) as pub:
         for step in range(10):
             if step:
                 nudge(trainer, step)

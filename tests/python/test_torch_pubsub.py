@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 
 import pytest
 import torch
@@ -70,7 +71,9 @@ def test_late_subscriber_plans_from_anchor_and_chains_deltas(store, tmp_path):
     trainer = make_model(0)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=3e-4)
     snapshots = {}
-    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=5) as pub:
+    # max_pending above the number of versions: every version is uploaded on its own (a publisher
+    # further behind merges queued versions, see test_publisher_behind_merges_...).
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=5, max_pending=16) as pub:
         for step in range(0, 8):
             for group in optimizer.param_groups:  # small steps (sparse deltas) first, then large ones
                 group["lr"] = 1e-5 if step < 6 else 1e-3
@@ -260,6 +263,45 @@ def test_failed_upload_is_reported_and_the_chain_restarts_with_an_anchor(store):
     assert sub.update() == 2 and sub.last_report.anchor == 2
     assert bits_equal(trainer, follower)
     assert sub.catalog.find(1) is None
+
+
+def test_publisher_behind_merges_queued_deltas_instead_of_waiting(store):
+    """Uploads stalled (the anchor's put waits on a gate): with max_pending=2, version 1 waits in
+    the queue, and publishing 2 folds it into 2 at once instead of waiting for the upload."""
+    trainer, follower = make_model(0), make_model(1)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
+    gate = threading.Event()
+    # If merging ever regressed to waiting, the gate opens anyway after a while, and the merge
+    # assertions below fail instead of the test hanging.
+    safety = threading.Timer(30.0, gate.set)
+    safety.start()
+    try:
+        with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, max_pending=2) as pub:
+            real_put = pub.store.put
+
+            def gated_put(key, data):
+                gate.wait()
+                return real_put(key, data)
+
+            pub.store.put = gated_put
+            pub.publish(0)  # the anchor: its upload starts and waits at the gate
+            expected = {}
+            for step in (1, 2, 3):
+                train_step(trainer, optimizer, step)
+                expected[step] = copy.deepcopy(trainer)
+                pub.publish(step)
+            merges_before_gate = [(s.version, s.merged_into, s.merged_versions) for s in pub.stats]
+            gate.set()
+            pub.flush()
+    finally:
+        safety.cancel()
+    # 1 queued behind the stalled anchor; 2 took it over (1 -> merged into 2); 3 took over 2.
+    assert merges_before_gate == [(0, None, 1), (1, 2, 1), (2, 3, 2), (3, None, 3)]
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    assert sub.catalog.find(1) is None and sub.catalog.find(2) is None
+    assert sub.update() == 3
+    assert bits_equal(expected[3], follower)
+    assert sub.last_report.anchor == 0 and sub.last_report.deltas == [3]
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and deltasync.has_cuda_ops()),

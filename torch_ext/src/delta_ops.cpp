@@ -18,6 +18,7 @@
 #include "deltasync/compact_two_phase.hpp"
 #include "deltasync/delta_io.hpp"
 #include "deltasync/integrity.hpp"
+#include "deltasync/publisher.hpp"
 #include "tensor_lists.hpp"
 
 namespace deltasync::torch_ext {
@@ -64,8 +65,39 @@ std::optional<uint64_t> to_base_version(const std::optional<int64_t>& v, const c
   return static_cast<uint64_t>(*v);
 }
 
-// The encode's output (int64 indices, value bytes, optional base bytes, per-tensor counts; all
-// on the CPU) serialized as a delta in `format` ("trl" or "compact"), with the versions and,
+// The encode's host-staged output (int64 indices, value bytes, optional base bytes, per-tensor
+// counts; all on the CPU) as a DeltaView over those tensors, checked against the model.
+struct StagedDelta {
+  std::vector<uint64_t> offsets{0}, value_offsets{0};
+  DeltaView view;
+};
+
+StagedDelta staged_delta(const char* op, const std::vector<TensorMeta>& meta, const at::Tensor& indices,
+                         const at::Tensor& values, const std::optional<at::Tensor>& base_values,
+                         const at::Tensor& counts) {
+  TORCH_CHECK(indices.scalar_type() == at::kLong, op, ": indices must be int64");
+  TORCH_CHECK(counts.scalar_type() == at::kLong && static_cast<size_t>(counts.numel()) == meta.size(), op,
+              ": counts must be int64 with one entry per tensor");
+  const auto count_span = host_span<int64_t>(op, counts, "counts");
+  StagedDelta d;
+  for (size_t t = 0; t < meta.size(); ++t) {
+    TORCH_CHECK(count_span[t] >= 0, op, ": tensor ", meta[t].name, ": negative count");
+    d.offsets.push_back(d.offsets.back() + static_cast<uint64_t>(count_span[t]));
+    d.value_offsets.push_back(d.value_offsets.back() + static_cast<uint64_t>(count_span[t]) * meta[t].width());
+  }
+  d.view.offsets = d.offsets;
+  d.view.value_offsets = d.value_offsets;
+  d.view.indices = host_span<int64_t>(op, indices, "indices");
+  d.view.values = host_span<uint8_t>(op, values, "values");
+  if (base_values) d.view.base_values = host_span<uint8_t>(op, *base_values, "base_values");
+  TORCH_CHECK(d.view.indices.size() == d.offsets.back() && d.view.values.size() == d.value_offsets.back(), op,
+              ": indices/values sizes disagree with counts");
+  TORCH_CHECK(d.view.base_values.empty() || d.view.base_values.size() == d.value_offsets.back(), op,
+              ": base_values size disagrees with counts");
+  return d;
+}
+
+// The encode's output serialized as a delta in `format` ("trl" or "compact"), with the versions and,
 // for every tensor that has changes, base_digests[t] and result_digests[t] (int64
 // reinterpretations of the unsigned digests; the lists are in model order).
 at::Tensor delta_serialize(std::string format, std::vector<std::string> names, std::vector<std::string> dtypes,
@@ -75,28 +107,10 @@ at::Tensor delta_serialize(std::string format, std::vector<std::string> names, s
                            std::vector<int64_t> base_digests, std::vector<int64_t> result_digests) {
   constexpr const char* op = "deltasync.delta_serialize";
   const std::vector<TensorMeta> meta = model_meta(op, names, dtypes, ranks, dims);
-  TORCH_CHECK(indices.scalar_type() == at::kLong, op, ": indices must be int64");
-  TORCH_CHECK(counts.scalar_type() == at::kLong && static_cast<size_t>(counts.numel()) == meta.size(), op,
-              ": counts must be int64 with one entry per tensor");
   TORCH_CHECK(base_digests.size() == meta.size() && result_digests.size() == meta.size(), op,
               ": base_digests and result_digests need one entry per tensor");
-  const auto count_span = host_span<int64_t>(op, counts, "counts");
-  std::vector<uint64_t> offsets{0}, value_offsets{0};
-  for (size_t t = 0; t < meta.size(); ++t) {
-    TORCH_CHECK(count_span[t] >= 0, op, ": tensor ", names[t], ": negative count");
-    offsets.push_back(offsets.back() + static_cast<uint64_t>(count_span[t]));
-    value_offsets.push_back(value_offsets.back() + static_cast<uint64_t>(count_span[t]) * meta[t].width());
-  }
-  DeltaView view;
-  view.offsets = offsets;
-  view.value_offsets = value_offsets;
-  view.indices = host_span<int64_t>(op, indices, "indices");
-  view.values = host_span<uint8_t>(op, values, "values");
-  if (base_values) view.base_values = host_span<uint8_t>(op, *base_values, "base_values");
-  TORCH_CHECK(view.indices.size() == offsets.back() && view.values.size() == value_offsets.back(), op,
-              ": indices/values sizes disagree with counts");
-  TORCH_CHECK(view.base_values.empty() || view.base_values.size() == value_offsets.back(), op,
-              ": base_values size disagrees with counts");
+  const StagedDelta staged = staged_delta(op, meta, indices, values, base_values, counts);
+  const DeltaView& view = staged.view;
   return translate_errors(op, [&] {
     const DeltaFormat delta_format = parse_delta_format(format);
     integrity::DeltaDigests digests;
@@ -110,6 +124,31 @@ at::Tensor delta_serialize(std::string format, std::vector<std::string> names, s
     DeltaInfo info;
     integrity::put_delta_digests(info, digests);
     return bytes_tensor(serialize_delta(delta_format, meta, view, info));
+  });
+}
+
+// Two consecutive staged deltas (older: base B -> A, newer: A -> C) as one from B to C
+// (merge_deltas: union of positions, newest values, oldest base values), for a publisher whose
+// uploads fell behind. The older delta needs its base values; the newer one needs them only
+// where the older does not touch.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_merge(
+    std::vector<std::string> names, std::vector<std::string> dtypes, std::vector<int64_t> ranks,
+    std::vector<int64_t> dims, const at::Tensor& older_indices, const at::Tensor& older_values,
+    const at::Tensor& older_base_values, const at::Tensor& older_counts, const at::Tensor& newer_indices,
+    const at::Tensor& newer_values, const at::Tensor& newer_base_values, const at::Tensor& newer_counts) {
+  constexpr const char* op = "deltasync.delta_merge";
+  const std::vector<TensorMeta> meta = model_meta(op, names, dtypes, ranks, dims);
+  const StagedDelta older = staged_delta(op, meta, older_indices, older_values, older_base_values, older_counts);
+  const StagedDelta newer = staged_delta(op, meta, newer_indices, newer_values, newer_base_values, newer_counts);
+  return translate_errors(op, [&] {
+    const SparseDelta merged = merge_deltas(older.view, newer.view, meta);
+    at::Tensor indices = at::empty({static_cast<int64_t>(merged.indices.size())}, at::kLong);
+    if (!merged.indices.empty())
+      std::memcpy(indices.mutable_data_ptr(), merged.indices.data(), merged.indices.size() * sizeof(int64_t));
+    at::Tensor counts = at::empty({static_cast<int64_t>(meta.size())}, at::kLong);
+    for (size_t t = 0; t < meta.size(); ++t)
+      counts.mutable_data_ptr<int64_t>()[t] = static_cast<int64_t>(merged.offsets[t + 1] - merged.offsets[t]);
+    return std::make_tuple(indices, bytes_tensor(merged.values), bytes_tensor(merged.base_values), counts);
   });
 }
 
@@ -287,6 +326,11 @@ TORCH_LIBRARY_FRAGMENT(deltasync, m) {
       "(str format, bool relative, int version, int base_version, str[] changed, Tensor indices, Tensor values, Tensor counts, "
       "bool has_digests, str[] digest_names, int[] base_digests, int[] result_digests)",
       &delta_read);
+  m.def(
+      "delta_merge(str[] names, str[] dtypes, int[] ranks, int[] dims, Tensor older_indices, Tensor older_values, "
+      "Tensor older_base_values, Tensor older_counts, Tensor newer_indices, Tensor newer_values, "
+      "Tensor newer_base_values, Tensor newer_counts) -> (Tensor indices, Tensor values, Tensor base_values, Tensor counts)",
+      &delta_merge);
   m.def("compact_rebase(Tensor unbased, Tensor base_bits, Tensor counts, int[] widths) -> Tensor", &compact_rebase);
   m.def("anchor_read_digests(Tensor data, str label) -> (int version, bool has_digests, str[] names, int[] digests)",
         &anchor_read_digests);

@@ -15,7 +15,7 @@ namespace deltasync {
 
 struct HostModel {
   std::vector<TensorMeta> tensors;
-  std::vector<std::vector<uint8_t>> data;  // data[t]: tensors[t]'s bytes
+  std::vector<std::vector<uint8_t>> data;  // data[t]: tensors[t]'s bytes (huge-page advised by load)
   std::optional<uint64_t> version;         // nullopt: unknown / nothing loaded
   std::vector<uint64_t> digests;           // digests[t] of data[t]; empty until computed
 

@@ -67,6 +67,18 @@ def serialize_delta(format: str, meta: Meta, indices: torch.Tensor, values: torc
     return out.numpy().tobytes()
 
 
+def merge_deltas(meta: Meta, older: tuple, newer: tuple) -> tuple:
+    """Two consecutive staged deltas, each (indices, values, base_values, counts) in the encode's
+    host layout, as one from the older's base to the newer's result (C++ merge_deltas): union of
+    positions, newest values, oldest base values. Returns the same tuple (counts as a list)."""
+    args = []
+    for indices, values, base_values, counts in (older, newer):
+        args += [indices, values.view(torch.uint8), base_values.view(torch.uint8),
+                 torch.tensor(counts, dtype=torch.int64)]
+    indices, values, base_values, counts = _ops().delta_merge(*_model_args(meta), *args)
+    return indices, values, base_values, counts.tolist()
+
+
 def serialize_anchor_part(meta: Meta, tensors: list[torch.Tensor], version: int, part: int, parts: int,
                           digests: list[int]) -> bytes:
     out = _ops().anchor_serialize(*_model_args(meta), [t.contiguous() for t in tensors], version, part, parts,

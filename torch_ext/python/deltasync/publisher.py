@@ -6,6 +6,12 @@ _protocol.py). Delta and anchor files are written by the C++ library (_files.py)
 "compact" (default; entropy-coded, values relative to the base bits) or "trl" (interoperable
 NAME.indices + NAME.values; the default in low-memory mode, which keeps no base bits). With keep_anchors=K, retention then deletes what the newest K anchors no longer need.
 
+When uploads fall behind (max_pending staged versions waiting), publish() does not wait: it folds
+the newest staged delta that has not started uploading into the new one (one delta from that
+version's base to the new weights; the skipped version never appears in the store, its stats say
+merged_into). Only when that cannot be done -- an anchor, low-memory deltas (no base bits), or
+an upload already running -- does it wait for the oldest upload.
+
     with deltasync.DeltaPublisher(model, store="file:///bucket", anchor_every=20) as pub:
         for step in ...:
             optimizer.step()
@@ -29,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import ops
-from ._files import FORMATS, serialize_anchor_part, serialize_delta
+from ._files import FORMATS, merge_deltas, serialize_anchor_part, serialize_delta
 from ._params import flat_bytes, int_view, named_tensors, to_host
 from ._protocol import (DIGEST_ALGORITHM, Manifest, ObjectRef, anchor_part_key, apply_retention, commit_version,
                         delta_key, new_nonce)
@@ -50,6 +56,8 @@ class PublishStats:
     upload_seconds: float = 0.0  # background: digests, serialization, store writes
     visible_seconds: float = 0.0  # publish() call to version visible
     skipped: bool = False  # not uploaded: an earlier upload had failed
+    merged_versions: int = 1  # > 1: this version's delta also carries earlier, never-uploaded ones
+    merged_into: int | None = None  # not uploaded on its own: merged into this later version
     done: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
@@ -108,7 +116,7 @@ class DeltaPublisher:
         self._published_digests: list[int] | None = None  # low-memory mode: at the last publish
         self._chain_broken = False  # set by the worker when an upload failed
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltasync-publish")
-        self._pending: list[Future] = []
+        self._pending: list[tuple[Future, _Job]] = []  # submitted uploads, oldest first
         self._max_pending = max_pending
         self._failure: BaseException | None = None
         self._log = log
@@ -168,15 +176,40 @@ class DeltaPublisher:
         stats.stage_seconds = time.perf_counter() - started
         self._last_version = version
         self.stats.append(stats)
-        self._pending = [f for f in self._pending if not f.done()]
+        self._pending = [(f, j) for f, j in self._pending if not f.done()]
+        if len(self._pending) >= self._max_pending and self._merge_into_last_pending(job):
+            return stats
         while len(self._pending) >= self._max_pending:  # bounded host memory when the store is slow
-            self._pending.pop(0).exception()  # a failure is reported by the next publish / flush
-        self._pending.append(self._executor.submit(self._upload, job))
+            self._pending.pop(0)[0].exception()  # a failure is reported by the next publish / flush
+        self._pending.append((self._executor.submit(self._upload, job), job))
         return stats
+
+    def _merge_into_last_pending(self, job: _Job) -> bool:
+        """Uploads fell behind: folds the newest queued, not yet started delta into `job` (one
+        delta from that version's base to this one's result), instead of waiting. Only plain
+        deltas merge (an anchor, or the low-memory mode's deltas without base bits, do not)."""
+        future, last = self._pending[-1]
+        mergeable = (job.indices is not None and job.anchor is None and job.base_values is not None
+                     and last.indices is not None and last.anchor is None and last.base_values is not None)
+        if not mergeable or not future.cancel():  # cancel() fails once the worker has started it
+            return False
+        job.indices, job.values, job.base_values, job.counts = merge_deltas(
+            self._meta, (last.indices, last.values, last.base_values, last.counts),
+            (job.indices, job.values, job.base_values, job.counts))
+        job.base_version = last.base_version
+        job.stats.changed_elements = int(sum(job.counts))
+        job.stats.merged_versions = last.stats.merged_versions + 1
+        job.started = last.started
+        last.stats.merged_into = job.stats.version
+        last.stats.done.set()
+        self._pending[-1] = (self._executor.submit(self._upload, job), job)
+        if self._log:
+            self._log(f"v{last.stats.version} merged into v{job.stats.version} (uploads behind)")
+        return True
 
     def flush(self) -> None:
         """Returns once every version published so far is visible in the store."""
-        for f in self._pending:
+        for f, _ in self._pending:
             f.exception()
         self._pending.clear()
         self._raise_failure()
