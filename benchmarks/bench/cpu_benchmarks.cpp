@@ -198,16 +198,6 @@ Registration apply_cpu(Benchmark{"apply", "cpu", kModelAxes, "validate + scatter
 
 // --- delta files: write (serialize) and read (parse) ---------------------------------------
 
-// An encoded delta of the fixture's change set (untimed setup for the file benchmarks).
-SparseDelta encode_once(HostFixture& f) {
-  SparseDelta delta;
-  const auto items = f.encode_items();
-  cpu::encode(items, delta);
-  expect_changed(f, delta, "delta file setup");
-  restore_shadow(f, delta);
-  return delta;
-}
-
 struct ScratchFile {
   std::string path;
   explicit ScratchFile(const std::string& name) : path(scratch_path(name)) {}
@@ -220,7 +210,7 @@ struct ScratchFile {
 void serialize(State& state) {
   auto f = make_host_fixture(state, 2, state.changed_share() * static_cast<double>(state.elements()) * 40);
   if (!f) return;
-  const SparseDelta delta = encode_once(*f);
+  const SparseDelta delta = encode_untimed(*f, "delta file setup");
   const auto metas = f->metas(state.dtype());
   ScratchFile file("serialize.safetensors");
   DeltaInfo info;
@@ -240,7 +230,7 @@ Registration serialize_cpu(Benchmark{"serialize", "cpu", kModelAxes,
 void parse(State& state) {
   auto f = make_host_fixture(state, 2, state.changed_share() * static_cast<double>(state.elements()) * 40);
   if (!f) return;
-  const SparseDelta delta = encode_once(*f);
+  const SparseDelta delta = encode_untimed(*f, "delta file setup");
   const auto metas = f->metas(state.dtype());
   ScratchFile file("parse.safetensors");
   DeltaInfo info;

@@ -16,15 +16,6 @@ namespace {
 const std::vector<std::string> kModelAxes{kAxisElements, kAxisChangedShare, kAxisDtype, kAxisTensors};
 const std::vector<std::string> kDenseAxes{kAxisElements, kAxisDtype, kAxisTensors};
 
-SparseDelta encode_fixture(HostFixture& f) {
-  SparseDelta delta;
-  const auto items = f.encode_items();
-  cpu::encode(items, delta);
-  expect_changed(f, delta, "codec setup");
-  restore_shadow(f, delta);
-  return delta;
-}
-
 // --- digests -------------------------------------------------------------------------------
 
 void digest_full(State& state) {
@@ -44,7 +35,7 @@ Registration digest_cpu(Benchmark{"digest", "cpu", kDenseAxes,
 void digest_update(State& state) {
   auto f = make_host_fixture(state, 2, state.changed_share() * static_cast<double>(state.elements()) * 24);
   if (!f) return;
-  const SparseDelta delta = encode_fixture(*f);
+  const SparseDelta delta = encode_untimed(*f, "codec setup");
   const uint32_t w = f->model.width();
   std::vector<PatchRef> patches;
   std::vector<const void*> old_bits;
@@ -84,7 +75,7 @@ std::string per_change(double bytes, uint64_t changed) {
 void compact_encode(State& state) {
   auto f = make_host_fixture(state, 2, state.changed_share() * static_cast<double>(state.elements()) * 40);
   if (!f) return;
-  const SparseDelta delta = encode_fixture(*f);
+  const SparseDelta delta = encode_untimed(*f, "codec setup");
   const auto metas = f->metas(state.dtype());
   const double k = static_cast<double>(f->changed), w = f->model.width();
   state.declare(k, k * (8 + 2 * w));  // positions, new and base bits read
@@ -100,7 +91,7 @@ Registration compact_encode_cpu(Benchmark{"compact_encode", "cpu", kModelAxes,
 void compact_decode(State& state) {
   auto f = make_host_fixture(state, 2, state.changed_share() * static_cast<double>(state.elements()) * 60);
   if (!f) return;
-  const SparseDelta delta = encode_fixture(*f);
+  const SparseDelta delta = encode_untimed(*f, "codec setup");
   const auto metas = f->metas(state.dtype());
   const auto encoded = compact::encode(metas, delta.view());
   const auto views = views_of(encoded);

@@ -61,15 +61,6 @@ void expect_cpu_bytes(const std::vector<compact::EncodedTensor>& gpu, std::span<
   if (!same) throw Error(std::string(benchmark) + ": GPU compact bytes differ from the CPU codec's");
 }
 
-SparseDelta cpu_delta(HostFixture& f) {
-  SparseDelta delta;
-  const auto items = f.encode_items();
-  cpu::encode(items, delta);
-  expect_changed(f, delta, "compact setup");
-  restore_shadow(f, delta);
-  return delta;
-}
-
 void compact_encode(State& state) {
   auto m = make_device_model(state, 8 + 2 * state.width() * 2 + 24);
   if (!m) return;
@@ -83,7 +74,7 @@ void compact_encode(State& state) {
   std::vector<compact::EncodedTensor> encoded;
   state.measure([&] { return gpu.time([&] { encoded = encoder.encode(metas, device_view(diff), gpu.stream()); }); });
   if (state.skipped()) return;
-  expect_cpu_bytes(encoded, metas, cpu_delta(*m->host), "compact_encode");
+  expect_cpu_bytes(encoded, metas, encode_untimed(*m->host, "compact setup"), "compact_encode");
   state.add_note("B/changed", fixed(k > 0 ? encoded_bytes(encoded) / k : 0));
   state.add_note("workspace", format_bytes(static_cast<double>(encoder.workspace_bytes())));
 }
@@ -96,7 +87,7 @@ void compact_decode(State& state) {
   auto m = make_device_model(state, 8 + 3 * state.width() + 4);
   if (!m) return;
   Gpu& gpu = Gpu::get();
-  const SparseDelta delta = cpu_delta(*m->host);
+  const SparseDelta delta = encode_untimed(*m->host, "compact setup");
   const auto metas = m->host->metas(state.dtype());
   const auto encoded = compact::encode(metas, delta.view());
   std::vector<compact::EncodedTensorView> views;
@@ -147,7 +138,7 @@ void encode_compact(State& state) {
     return s;
   });
   if (state.skipped()) return;
-  expect_cpu_bytes(encoded, metas, cpu_delta(*m->host), "encode_compact");
+  expect_cpu_bytes(encoded, metas, encode_untimed(*m->host, "compact setup"), "encode_compact");
   const double plain_s = median_of(plain), combined_s = median_of(combined);
   state.add_note("plain_encode", format_seconds(plain_s));
   state.add_note("x_plain", fixed(plain_s > 0 ? combined_s / plain_s : 0));

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "deltasync/cpu_engine.hpp"
 #include "deltasync/error.hpp"
 #include "deltasync/parallel.hpp"
 
@@ -61,6 +62,15 @@ void restore_shadow(HostFixture& f, const SparseDelta& delta) {
     for (uint64_t j = delta.offsets[t]; j < delta.offsets[t + 1]; ++j, old_bits += w)
       std::memcpy(base + static_cast<uint64_t>(delta.indices[j]) * w, old_bits, w);
   });
+}
+
+SparseDelta encode_untimed(HostFixture& f, const char* label) {
+  SparseDelta delta;
+  const auto items = f.encode_items();
+  cpu::encode(items, delta);
+  expect_changed(f, delta, label);
+  restore_shadow(f, delta);
+  return delta;
 }
 
 void expect_changed(const HostFixture& f, const SparseDelta& delta, const char* benchmark) {

@@ -40,6 +40,10 @@ void restore_shadow(HostFixture& f, const SparseDelta& delta);
 // result is worthless).
 void expect_changed(const HostFixture& f, const SparseDelta& delta, const char* benchmark);
 
+// The fixture's change set encoded by the CPU twin, checked, with the shadow restored afterwards:
+// the untimed setup of the benchmarks that start from a delta. `label` names the benchmark.
+SparseDelta encode_untimed(HostFixture& f, const char* label);
+
 // Seconds of fn() by the steady clock.
 template <class Fn>
 double time_seconds(Fn&& fn) {
