@@ -176,8 +176,10 @@ cudaError_t Encoder::State::prepare_tables(std::span<const EncodeItem> items, cu
   uniform_width = min_width >= max_width;
   host_starts[num_tensors] = chunk_cursor * kChunkElements;
   num_chunks = chunk_cursor;
-  // The select's tiles are indexed by int (CUB's look-back): 2^31 chunks are 2^43 elements.
-  if (num_chunks >= (uint64_t{1} << 31)) throw Error("encode: more than 2^43 elements in one tensor set");
+  // The single-pass select's tiles are indexed by int (CUB's look-back, whose status
+  // initialization also counts threads, rounded up to 256, in an int): about 2^43 elements.
+  constexpr uint64_t kMaxChunks = (uint64_t{1} << 31) - 257;
+  if (num_chunks > kMaxChunks) throw Error("encode: more than 2^43 elements in one tensor set");
 
   DELTASYNC_RETURN_IF_ERROR(tensors.reserve(std::max<uint64_t>(num_tensors, 1)));
   DELTASYNC_RETURN_IF_ERROR(starts.reserve(num_tensors + 1));

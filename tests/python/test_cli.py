@@ -209,6 +209,26 @@ def test_backend_flags(run_cli, checkpoints, tmp_path):
         assert proc.returncode != 0 and "--gpu" in proc.stderr
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU backend against the CPU one)")
+@pytest.mark.parametrize("fmt", ["compact", "trl"])
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32", "float8_e4m3fn"])
+def test_gpu_diff_writes_the_cpu_bytes_and_applies_alike(run_cli, checkpoints, tmp_path, fmt, dtype_name):
+    """--gpu encodes (and for compact, codes) on the device: the file must be the CPU backend's,
+    byte for byte, and applying it on either backend must give the same checkpoint."""
+    base_path, new_path, _, _ = checkpoints(getattr(torch, dtype_name))
+    deltas = {}
+    for backend in ("--cpu", "--gpu"):
+        deltas[backend] = tmp_path / f"d{backend}.safetensors"
+        out = run_cli("diff", base_path, new_path, "-o", deltas[backend], "--format", fmt, backend).stdout
+        assert {"--cpu": "cpu backend", "--gpu": "cuda backend"}[backend] in out
+    assert deltas["--cpu"].read_bytes() == deltas["--gpu"].read_bytes()
+    outs = {}
+    for backend in ("--cpu", "--gpu"):
+        outs[backend] = tmp_path / f"o{backend}.safetensors"
+        run_cli("apply", base_path, deltas["--gpu"], "-o", outs[backend], backend)
+    assert outs["--cpu"].read_bytes() == outs["--gpu"].read_bytes() == new_path.read_bytes()
+
+
 @pytest.mark.parametrize("fmt", ["compact", "trl"])
 def test_demo_keeps_the_receiver_bit_identical(run_cli, tmp_path, fmt):
     out = run_cli("demo", "--steps", 4, "--vocab", 512, "--hidden", 64, "--intermediate", 160, "--layers", 1,
