@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -191,6 +193,36 @@ TEST(CompactFile, SerializeReadDecodeApply) {
   for (size_t t = 0; t < f.meta.size(); ++t) targets.push_back({f.meta[t].name, target[t].data(), f.meta[t].numel(), f.meta[t].width()});
   ds::cpu::apply(targets, patches);
   EXPECT_EQ(target, f.current);
+}
+
+TEST(CompactFile, WritesPreEncodedTensorsOnlyWhenTheyMatchTheDelta) {
+  std::mt19937_64 rng(13);
+  Model f = small_model(rng);
+  const std::vector<compact::EncodedTensor> encoded = compact::encode(f.meta, f.delta.view());
+  ASSERT_EQ(encoded.size(), 2u);
+  const std::string path = ::testing::TempDir() + "/pre_encoded.safetensors";
+  std::remove(path.c_str());
+  compact::write_compact_delta(path, f.meta, f.delta.view(), {}, encoded);
+  const ds::st::File file = ds::st::File::open(path);
+  compact::DecodedDelta decoded;
+  const auto refs = f.base_refs();
+  const auto patches = compact::decode_compact_delta(file, f.meta, refs, decoded);
+  EXPECT_EQ(decoded.storage.indices, f.delta.indices);
+
+  // Encoded tensors of another change set: refused before anything is written.
+  const std::string bad_path = ::testing::TempDir() + "/pre_encoded_bad.safetensors";
+  auto refused = [&](std::vector<compact::EncodedTensor> tampered, const char* what) {
+    std::remove(bad_path.c_str());
+    EXPECT_THROW(compact::write_compact_delta(bad_path, f.meta, f.delta.view(), {}, std::move(tampered)), ds::Error)
+        << what;
+    EXPECT_FALSE(std::filesystem::exists(bad_path)) << what;
+  };
+  refused({encoded[0]}, "one tensor missing");
+  refused({encoded[0], encoded[1], encoded[1]}, "one tensor too many");
+  refused({encoded[1], encoded[0]}, "out of model order");
+  std::vector<compact::EncodedTensor> miscounted = encoded;
+  miscounted[1].changed += 1;
+  refused(miscounted, "change count differs");
 }
 
 TEST(CompactFile, RefusesAnotherBaseOrFormat) {

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "deltasync/error.hpp"
 #include "deltasync/huge_buffer.hpp"
 
 namespace {
@@ -83,6 +84,14 @@ TEST(HugeBuffer, LargeBufferIsZeroedWritableAndHugePageAligned) {
   // Informational only: the kernel may refuse huge pages (THP off, fragmented memory).
   std::cout << "[ info     ] AnonHugePages of a " << size << "-byte buffer: " << huge_kb_of_mapping(buffer.data())
             << " kB\n";
+}
+
+TEST(HugeBuffer, ImpossibleSizesAreRefusedNotWrappedAround) {
+  // Rounding these up to whole pages plus the alignment slack overflows size_t; a wrapped-around
+  // size would map a few pages while size() claimed the whole request.
+  for (size_t size : {SIZE_MAX, SIZE_MAX - kHugePageBytes, SIZE_MAX - 4095}) {
+    EXPECT_THROW(HugeBuffer{size}, deltasync::Error) << size;
+  }
 }
 
 TEST(HugeBuffer, MoveTransfersOwnership) {

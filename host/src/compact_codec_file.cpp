@@ -61,6 +61,22 @@ void write_compact_delta(const std::string& path, std::span<const TensorMeta> te
 
 void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
                          const DeltaInfo& info, std::vector<EncodedTensor> encoded, const Options& options) {
+  // The metadata comes from `delta`, the tensors from `encoded`: a file whose two halves
+  // disagree would be refused only by its readers, so refuse to write it. encode() produces one
+  // tensor per changed tensor, in model order.
+  if (delta.num_tensors() != tensors.size())
+    throw Error(path + ": delta has " + std::to_string(delta.num_tensors()) + " tensors, model has " +
+                std::to_string(tensors.size()));
+  size_t next = 0;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (delta.count(t) == 0) continue;
+    if (next == encoded.size() || encoded[next].name != tensors[t].name || encoded[next].changed != delta.count(t))
+      throw Error(path + ": tensor " + tensors[t].name + ": the encoded tensors do not match the delta's " +
+                  std::to_string(delta.count(t)) + " changes");
+    ++next;
+  }
+  if (next != encoded.size())
+    throw Error(path + ": encoded tensor " + encoded[next].name + " has no changes in the delta");
   const Container c = build(tensors, delta, info, options, std::move(encoded));
   st::write_file(path, c.tensors, c.metadata);
 }

@@ -1,5 +1,6 @@
 #include "deltasync/huge_buffer.hpp"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -52,6 +53,9 @@ std::vector<uint8_t> huge_page_vector(size_t bytes) {
 
 HugeBuffer::HugeBuffer(size_t bytes) : size_(bytes) {
   if (bytes == 0) return;
+  // No allocation can be this large, and the roundings below (up to a page plus the alignment
+  // slack) would wrap around to a small size for it.
+  if (bytes > SIZE_MAX - 2 * kHugePageBytes) out_of_memory(bytes);
 #if defined(__linux__)
   if (bytes >= kHugePageBytes) {
     // mmap only promises 4 KiB alignment: map one huge page more than needed and unmap the

@@ -304,6 +304,90 @@ def test_publisher_behind_merges_queued_deltas_instead_of_waiting(store):
     assert sub.last_report.anchor == 0 and sub.last_report.deltas == [3]
 
 
+def test_merged_away_deltas_are_freed_while_uploads_stall(store, monkeypatch):
+    """A merged-away version's work item waits in the upload queue until the stalled upload ends;
+    its staged delta must not wait with it (merges while the store hangs would pile up deltas)."""
+    import gc
+    import weakref
+
+    import deltasync.publisher as publisher_module
+
+    trainer = make_model(0)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
+    merged_away = []
+    real_merge = publisher_module.merge_deltas
+
+    def recording_merge(meta, older, newer):
+        merged_away.extend(weakref.ref(t) for t in older[:3])
+        return real_merge(meta, older, newer)
+
+    monkeypatch.setattr(publisher_module, "merge_deltas", recording_merge)
+    gate = threading.Event()
+    safety = threading.Timer(30.0, gate.set)
+    safety.start()
+    try:
+        with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, max_pending=2) as pub:
+            real_put = pub.store.put
+
+            def gated_put(key, data):
+                gate.wait()
+                return real_put(key, data)
+
+            pub.store.put = gated_put
+            pub.publish(0)
+            for step in (1, 2, 3, 4):
+                train_step(trainer, optimizer, step)
+                pub.publish(step)
+            gc.collect()
+            alive = sum(ref() is not None for ref in merged_away)
+            gate.set()
+    finally:
+        safety.cancel()
+    assert len(merged_away) == 9  # 2, 3 and 4 each merged the one before
+    assert alive == 0
+
+
+def test_a_failed_merge_falls_back_to_uploading_both_versions(store, monkeypatch):
+    """The merge cancels the queued version's upload first; when the merge itself then fails,
+    that version must be queued again and the new one uploaded after it (publish() waits)."""
+    import deltasync.publisher as publisher_module
+
+    trainer, follower = make_model(0), make_model(1)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
+    gate = threading.Event()
+
+    def failing_merge(meta, older, newer):
+        gate.set()  # the stalled upload may go on: publish() is about to wait for it
+        raise RuntimeError("merge failed")
+
+    monkeypatch.setattr(publisher_module, "merge_deltas", failing_merge)
+    safety = threading.Timer(30.0, gate.set)
+    safety.start()
+    try:
+        with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, max_pending=2) as pub:
+            real_put = pub.store.put
+
+            def gated_put(key, data):
+                gate.wait()
+                return real_put(key, data)
+
+            pub.store.put = gated_put
+            pub.publish(0)
+            for step in (1, 2):
+                train_step(trainer, optimizer, step)
+                pub.publish(step)
+            pub.flush()
+            assert [(s.version, s.merged_into, s.merged_versions) for s in pub.stats] == [
+                (0, None, 1), (1, None, 1), (2, None, 1)]
+    finally:
+        safety.cancel()
+    sub = deltasync.DeltaSubscriber(follower, store=store)
+    assert sub.catalog.find(1) is not None
+    assert sub.update() == 2
+    assert bits_equal(trainer, follower)
+    assert sub.last_report.deltas == [1, 2]
+
+
 @pytest.mark.skipif(not (torch.cuda.is_available() and deltasync.has_cuda_ops()),
                     reason="needs a CUDA device and a deltasync build with the CUDA backend")
 @pytest.mark.parametrize("low_memory", [False, True], ids=["shadow", "low-memory"])

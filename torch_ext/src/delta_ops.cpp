@@ -66,34 +66,49 @@ std::optional<uint64_t> to_base_version(const std::optional<int64_t>& v, const c
 }
 
 // The encode's host-staged output (int64 indices, value bytes, optional base bytes, per-tensor
-// counts; all on the CPU) as a DeltaView over those tensors, checked against the model.
+// counts; all on the CPU) as a DeltaView over those tensors, checked against the model. `which`
+// prefixes the argument names in errors ("" or e.g. "older_" when an op takes two deltas).
+// Not copyable: the view points into the offset vectors (a move keeps their storage).
 struct StagedDelta {
   std::vector<uint64_t> offsets{0}, value_offsets{0};
   DeltaView view;
+  StagedDelta() = default;
+  StagedDelta(StagedDelta&&) = default;
+  StagedDelta(const StagedDelta&) = delete;
+  StagedDelta& operator=(const StagedDelta&) = delete;
 };
 
-StagedDelta staged_delta(const char* op, const std::vector<TensorMeta>& meta, const at::Tensor& indices,
-                         const at::Tensor& values, const std::optional<at::Tensor>& base_values,
-                         const at::Tensor& counts) {
-  TORCH_CHECK(indices.scalar_type() == at::kLong, op, ": indices must be int64");
-  TORCH_CHECK(counts.scalar_type() == at::kLong && static_cast<size_t>(counts.numel()) == meta.size(), op,
-              ": counts must be int64 with one entry per tensor");
-  const auto count_span = host_span<int64_t>(op, counts, "counts");
+StagedDelta staged_delta(const char* op, const std::vector<TensorMeta>& meta, const char* which,
+                         const at::Tensor& indices, const at::Tensor& values,
+                         const std::optional<at::Tensor>& base_values, const at::Tensor& counts) {
+  const std::string indices_name = std::string(which) + "indices", values_name = std::string(which) + "values",
+                    base_name = std::string(which) + "base_values", counts_name = std::string(which) + "counts";
+  TORCH_CHECK(indices.scalar_type() == at::kLong, op, ": ", indices_name, " must be int64");
+  TORCH_CHECK(counts.scalar_type() == at::kLong && static_cast<size_t>(counts.numel()) == meta.size(), op, ": ",
+              counts_name, " must be int64 with one entry per tensor");
+  const auto count_span = host_span<int64_t>(op, counts, counts_name.c_str());
   StagedDelta d;
+  d.view.indices = host_span<int64_t>(op, indices, indices_name.c_str());
+  d.view.values = host_span<uint8_t>(op, values, values_name.c_str());
+  if (base_values) d.view.base_values = host_span<uint8_t>(op, *base_values, base_name.c_str());
   for (size_t t = 0; t < meta.size(); ++t) {
-    TORCH_CHECK(count_span[t] >= 0, op, ": tensor ", meta[t].name, ": negative count");
-    d.offsets.push_back(d.offsets.back() + static_cast<uint64_t>(count_span[t]));
-    d.value_offsets.push_back(d.value_offsets.back() + static_cast<uint64_t>(count_span[t]) * meta[t].width());
+    TORCH_CHECK(count_span[t] >= 0 && static_cast<uint64_t>(count_span[t]) <= meta[t].numel(), op, ": tensor ",
+                meta[t].name, ": ", counts_name, " entry ", count_span[t], " outside 0..", meta[t].numel());
+    const uint64_t count = static_cast<uint64_t>(count_span[t]);
+    // Checked against what is left of the arrays, not summed first: sums of huge counts (of
+    // huge tensors) could wrap around to the sizes of small arrays.
+    TORCH_CHECK(count <= d.view.indices.size() - d.offsets.back() &&
+                    count <= (d.view.values.size() - d.value_offsets.back()) / meta[t].width(),
+                op, ": ", indices_name, "/", values_name, " sizes disagree with ", counts_name);
+    d.offsets.push_back(d.offsets.back() + count);
+    d.value_offsets.push_back(d.value_offsets.back() + count * meta[t].width());
   }
   d.view.offsets = d.offsets;
   d.view.value_offsets = d.value_offsets;
-  d.view.indices = host_span<int64_t>(op, indices, "indices");
-  d.view.values = host_span<uint8_t>(op, values, "values");
-  if (base_values) d.view.base_values = host_span<uint8_t>(op, *base_values, "base_values");
-  TORCH_CHECK(d.view.indices.size() == d.offsets.back() && d.view.values.size() == d.value_offsets.back(), op,
-              ": indices/values sizes disagree with counts");
-  TORCH_CHECK(d.view.base_values.empty() || d.view.base_values.size() == d.value_offsets.back(), op,
-              ": base_values size disagrees with counts");
+  TORCH_CHECK(d.view.indices.size() == d.offsets.back() && d.view.values.size() == d.value_offsets.back(), op, ": ",
+              indices_name, "/", values_name, " sizes disagree with ", counts_name);
+  TORCH_CHECK(d.view.base_values.empty() || d.view.base_values.size() == d.value_offsets.back(), op, ": ",
+              base_name, " size disagrees with ", counts_name);
   return d;
 }
 
@@ -109,7 +124,7 @@ at::Tensor delta_serialize(std::string format, std::vector<std::string> names, s
   const std::vector<TensorMeta> meta = model_meta(op, names, dtypes, ranks, dims);
   TORCH_CHECK(base_digests.size() == meta.size() && result_digests.size() == meta.size(), op,
               ": base_digests and result_digests need one entry per tensor");
-  const StagedDelta staged = staged_delta(op, meta, indices, values, base_values, counts);
+  const StagedDelta staged = staged_delta(op, meta, "", indices, values, base_values, counts);
   const DeltaView& view = staged.view;
   return translate_errors(op, [&] {
     const DeltaFormat delta_format = parse_delta_format(format);
@@ -138,8 +153,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_merge(
     const at::Tensor& newer_values, const at::Tensor& newer_base_values, const at::Tensor& newer_counts) {
   constexpr const char* op = "deltasync.delta_merge";
   const std::vector<TensorMeta> meta = model_meta(op, names, dtypes, ranks, dims);
-  const StagedDelta older = staged_delta(op, meta, older_indices, older_values, older_base_values, older_counts);
-  const StagedDelta newer = staged_delta(op, meta, newer_indices, newer_values, newer_base_values, newer_counts);
+  const StagedDelta older =
+      staged_delta(op, meta, "older_", older_indices, older_values, older_base_values, older_counts);
+  const StagedDelta newer =
+      staged_delta(op, meta, "newer_", newer_indices, newer_values, newer_base_values, newer_counts);
   return translate_errors(op, [&] {
     const SparseDelta merged = merge_deltas(older.view, newer.view, meta);
     at::Tensor indices = at::empty({static_cast<int64_t>(merged.indices.size())}, at::kLong);

@@ -54,7 +54,7 @@ class PublishStats:
     anchor_bytes: int = 0
     stage_seconds: float = 0.0   # inside publish(): diff + copy to host
     upload_seconds: float = 0.0  # background: digests, serialization, store writes
-    visible_seconds: float = 0.0  # publish() call to version visible
+    visible_seconds: float = 0.0  # publish() call to version visible (merged: the oldest merged version's call)
     skipped: bool = False  # not uploaded: an earlier upload had failed
     merged_versions: int = 1  # > 1: this version's delta also carries earlier, never-uploaded ones
     merged_into: int | None = None  # not uploaded on its own: merged into this later version
@@ -193,9 +193,24 @@ class DeltaPublisher:
                      and last.indices is not None and last.anchor is None and last.base_values is not None)
         if not mergeable or not future.cancel():  # cancel() fails once the worker has started it
             return False
-        job.indices, job.values, job.base_values, job.counts = merge_deltas(
-            self._meta, (last.indices, last.values, last.base_values, last.counts),
-            (job.indices, job.values, job.base_values, job.counts))
+        try:
+            merged = merge_deltas(self._meta, (last.indices, last.values, last.base_values, last.counts),
+                                  (job.indices, job.values, job.base_values, job.counts))
+        except BaseException as e:
+            # `last` must still be uploaded (later versions chain on it): queue it again, in its
+            # place. An ordinary error then falls back to waiting (both versions are uploaded as
+            # they are); raising instead would lose `job`, whose changes the shadow already holds.
+            self._pending[-1] = (self._executor.submit(self._upload, last), last)
+            if not isinstance(e, Exception):
+                raise
+            if self._log:
+                self._log(f"v{job.stats.version}: merging v{last.stats.version} failed ({e}); waiting for uploads")
+            return False
+        job.indices, job.values, job.base_values, job.counts = merged
+        # The cancelled work item stays in the executor's queue until the worker reaches it, and
+        # it holds `last`: drop its staged delta now, or every merge while uploads stall would
+        # keep one more delta in host memory (max_pending bounds what is queued, merged or not).
+        last.indices = last.values = last.base_values = last.counts = None
         job.base_version = last.base_version
         job.stats.changed_elements = int(sum(job.counts))
         job.stats.merged_versions = last.stats.merged_versions + 1
