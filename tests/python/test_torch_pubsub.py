@@ -1,6 +1,7 @@
 """DeltaPublisher -> folder store -> DeltaSubscriber, on real AdamW steps of a small bf16 model."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import threading
@@ -265,36 +266,44 @@ def test_failed_upload_is_reported_and_the_chain_restarts_with_an_anchor(store):
     assert sub.catalog.find(1) is None
 
 
+@contextlib.contextmanager
+def stalled_uploads(pub, gate: threading.Event):
+    """Every store put of `pub` waits until `gate` is set. The gate opens by itself after 30 s
+    (a regression that waits for the stalled upload then fails its assertions instead of hanging)
+    and on leaving the block (so that closing the publisher can flush)."""
+    safety = threading.Timer(30.0, gate.set)
+    safety.start()
+    real_put = pub.store.put
+
+    def gated_put(key, data):
+        gate.wait()
+        return real_put(key, data)
+
+    pub.store.put = gated_put
+    try:
+        yield
+    finally:
+        safety.cancel()
+        gate.set()
+
+
 def test_publisher_behind_merges_queued_deltas_instead_of_waiting(store):
     """Uploads stalled (the anchor's put waits on a gate): with max_pending=2, version 1 waits in
     the queue, and publishing 2 folds it into 2 at once instead of waiting for the upload."""
     trainer, follower = make_model(0), make_model(1)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
     gate = threading.Event()
-    # If merging ever regressed to waiting, the gate opens anyway after a while, and the merge
-    # assertions below fail instead of the test hanging.
-    safety = threading.Timer(30.0, gate.set)
-    safety.start()
-    try:
-        with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, max_pending=2) as pub:
-            real_put = pub.store.put
-
-            def gated_put(key, data):
-                gate.wait()
-                return real_put(key, data)
-
-            pub.store.put = gated_put
-            pub.publish(0)  # the anchor: its upload starts and waits at the gate
-            expected = {}
-            for step in (1, 2, 3):
-                train_step(trainer, optimizer, step)
-                expected[step] = copy.deepcopy(trainer)
-                pub.publish(step)
-            merges_before_gate = [(s.version, s.merged_into, s.merged_versions) for s in pub.stats]
-            gate.set()
-            pub.flush()
-    finally:
-        safety.cancel()
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, max_pending=2) as pub, \
+            stalled_uploads(pub, gate):
+        pub.publish(0)  # the anchor: its upload starts and waits at the gate
+        expected = {}
+        for step in (1, 2, 3):
+            train_step(trainer, optimizer, step)
+            expected[step] = copy.deepcopy(trainer)
+            pub.publish(step)
+        merges_before_gate = [(s.version, s.merged_into, s.merged_versions) for s in pub.stats]
+        gate.set()
+        pub.flush()
     # 1 queued behind the stalled anchor; 2 took it over (1 -> merged into 2); 3 took over 2.
     assert merges_before_gate == [(0, None, 1), (1, 2, 1), (2, 3, 2), (3, None, 3)]
     sub = deltasync.DeltaSubscriber(follower, store=store)
@@ -323,26 +332,14 @@ def test_merged_away_deltas_are_freed_while_uploads_stall(store, monkeypatch):
 
     monkeypatch.setattr(publisher_module, "merge_deltas", recording_merge)
     gate = threading.Event()
-    safety = threading.Timer(30.0, gate.set)
-    safety.start()
-    try:
-        with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, max_pending=2) as pub:
-            real_put = pub.store.put
-
-            def gated_put(key, data):
-                gate.wait()
-                return real_put(key, data)
-
-            pub.store.put = gated_put
-            pub.publish(0)
-            for step in (1, 2, 3, 4):
-                train_step(trainer, optimizer, step)
-                pub.publish(step)
-            gc.collect()
-            alive = sum(ref() is not None for ref in merged_away)
-            gate.set()
-    finally:
-        safety.cancel()
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, max_pending=2) as pub, \
+            stalled_uploads(pub, gate):
+        pub.publish(0)
+        for step in (1, 2, 3, 4):
+            train_step(trainer, optimizer, step)
+            pub.publish(step)
+        gc.collect()
+        alive = sum(ref() is not None for ref in merged_away)
     assert len(merged_away) == 9  # 2, 3 and 4 each merged the one before
     assert alive == 0
 
@@ -361,26 +358,15 @@ def test_a_failed_merge_falls_back_to_uploading_both_versions(store, monkeypatch
         raise RuntimeError("merge failed")
 
     monkeypatch.setattr(publisher_module, "merge_deltas", failing_merge)
-    safety = threading.Timer(30.0, gate.set)
-    safety.start()
-    try:
-        with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, max_pending=2) as pub:
-            real_put = pub.store.put
-
-            def gated_put(key, data):
-                gate.wait()
-                return real_put(key, data)
-
-            pub.store.put = gated_put
-            pub.publish(0)
-            for step in (1, 2):
-                train_step(trainer, optimizer, step)
-                pub.publish(step)
-            pub.flush()
-            assert [(s.version, s.merged_into, s.merged_versions) for s in pub.stats] == [
-                (0, None, 1), (1, None, 1), (2, None, 1)]
-    finally:
-        safety.cancel()
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, max_pending=2) as pub, \
+            stalled_uploads(pub, gate):
+        pub.publish(0)
+        for step in (1, 2):
+            train_step(trainer, optimizer, step)
+            pub.publish(step)
+        pub.flush()
+        assert [(s.version, s.merged_into, s.merged_versions) for s in pub.stats] == [
+            (0, None, 1), (1, None, 1), (2, None, 1)]
     sub = deltasync.DeltaSubscriber(follower, store=store)
     assert sub.catalog.find(1) is not None
     assert sub.update() == 2
