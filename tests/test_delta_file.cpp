@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/delta_file.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/safetensors.hpp"
-#include "deltasync/sparse_delta.hpp"
+#include "format/delta_file.hpp"
+#include "core/error.hpp"
+#include "format/safetensors.hpp"
+#include "core/sparse_delta.hpp"
 #include "test_support.hpp"
 
 namespace st = deltasync::st;
