@@ -1,0 +1,34 @@
+// The CUDA sync engine: device tensors, work queued on one stream, adapting kernels/ (Encoder,
+// CompactEncoder/Decoder, Digester, VerifiedApplier) to the SyncEngine interface.
+#pragma once
+#include "engine/engine.hpp"
+
+namespace deltasync::engine {
+
+class CudaSyncEngine final : public SyncEngine {
+ public:
+  explicit CudaSyncEngine(const EngineOptions& options = {});
+  ~CudaSyncEngine() override;
+
+  Device device() const override { return Device::kCuda; }
+  void set_stream(void* stream) override;
+
+  void reset_shadow(std::span<const ConstTensorRef> current) override;
+  bool has_shadow() const override;
+  ShadowKind shadow_kind() const override;
+  void encode(std::span<const ConstTensorRef> current, const EncodeRequest& request, StagedDelta& out) override;
+  void read(const ConstTensorRef& source, uint64_t offset, std::span<uint8_t> out) override;
+
+  std::vector<uint64_t> digests(std::span<const ConstTensorRef> tensors) override;
+
+  void write(const TensorRef& target, uint64_t offset, std::span<const uint8_t> bytes) override;
+  integrity::ApplyReport apply(const DeltaToApply& delta, std::span<const TensorMeta> meta,
+                               std::span<const TensorRef> targets, std::span<uint64_t> digests,
+                               std::optional<uint64_t> current_version, TransferCounters& transfer) override;
+
+ private:
+  struct State;
+  State* state_;
+};
+
+}  // namespace deltasync::engine
