@@ -119,7 +119,7 @@ int run_publish(const Args& raw) {
 
   store->set_progress(terminal_progress("upload", quiet));
   Publisher publisher(store, tensors, options);
-  if (restored) publisher.restore(std::move(restored->first), restored->second);
+  if (restored) publisher.restore(restored->first, restored->second);
   publisher.publish(version, current);
   publisher.flush();
   finish_progress();
@@ -128,7 +128,10 @@ int run_publish(const Args& raw) {
     const PublisherState state = publisher.state();
     st::Metadata extra{{"delta_bytes_since_anchor", std::to_string(state.delta_bytes_since_anchor)}};
     if (state.last_anchor_version) extra["last_anchor_version"] = std::to_string(*state.last_anchor_version);
-    publisher.shadow().save((std::filesystem::path(*state_dir) / kShadowFile).string(), extra);
+    // After a publish the shadow is the checkpoint just published.
+    HostModel shadow = HostModel::from_file(checkpoint);
+    shadow.version = version;
+    shadow.save((std::filesystem::path(*state_dir) / kShadowFile).string(), extra);
   }
 
   const auto stats = publisher.stats();

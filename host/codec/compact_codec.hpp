@@ -112,6 +112,11 @@ void write_compact_delta(const std::string& path, std::span<const TensorMeta> te
 void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
                          const DeltaInfo& info, std::vector<EncodedTensor> encoded, const Options& options = {});
 
+// serialize_compact_delta's bytes from tensors already encoded (see write_compact_delta above).
+std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors, const DeltaView& delta,
+                                             const DeltaInfo& info, std::vector<EncodedTensor> encoded,
+                                             const Options& options = {});
+
 // True when the file's metadata says format="compact".
 bool is_compact_delta(const st::File& file);
 

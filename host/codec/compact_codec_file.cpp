@@ -59,26 +59,43 @@ void write_compact_delta(const std::string& path, std::span<const TensorMeta> te
   write_compact_delta(path, tensors, delta, info, encode(tensors, delta, options), options);
 }
 
-void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
-                         const DeltaInfo& info, std::vector<EncodedTensor> encoded, const Options& options) {
-  // The metadata comes from `delta`, the tensors from `encoded`: a file whose two halves
-  // disagree would be refused only by its readers, so refuse to write it. encode() produces one
-  // tensor per changed tensor, in model order.
+namespace {
+
+// The metadata comes from `delta`, the tensors from `encoded`: a file whose two halves disagree
+// would be refused only by its readers, so refuse to write it. encode() produces one tensor per
+// changed tensor, in model order.
+void check_encoded_match(const std::string& label, std::span<const TensorMeta> tensors, const DeltaView& delta,
+                         const std::vector<EncodedTensor>& encoded) {
   if (delta.num_tensors() != tensors.size())
-    throw Error(path + ": delta has " + std::to_string(delta.num_tensors()) + " tensors, model has " +
+    throw Error(label + ": delta has " + std::to_string(delta.num_tensors()) + " tensors, model has " +
                 std::to_string(tensors.size()));
   size_t next = 0;
   for (size_t t = 0; t < tensors.size(); ++t) {
     if (delta.count(t) == 0) continue;
     if (next == encoded.size() || encoded[next].name != tensors[t].name || encoded[next].changed != delta.count(t))
-      throw Error(path + ": tensor " + tensors[t].name + ": the encoded tensors do not match the delta's " +
+      throw Error(label + ": tensor " + tensors[t].name + ": the encoded tensors do not match the delta's " +
                   std::to_string(delta.count(t)) + " changes");
     ++next;
   }
   if (next != encoded.size())
-    throw Error(path + ": encoded tensor " + encoded[next].name + " has no changes in the delta");
+    throw Error(label + ": encoded tensor " + encoded[next].name + " has no changes in the delta");
+}
+
+}  // namespace
+
+void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
+                         const DeltaInfo& info, std::vector<EncodedTensor> encoded, const Options& options) {
+  check_encoded_match(path, tensors, delta, encoded);
   const Container c = build(tensors, delta, info, options, std::move(encoded));
   st::write_file(path, c.tensors, c.metadata);
+}
+
+std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors, const DeltaView& delta,
+                                             const DeltaInfo& info, std::vector<EncodedTensor> encoded,
+                                             const Options& options) {
+  check_encoded_match("compact delta", tensors, delta, encoded);
+  const Container c = build(tensors, delta, info, options, std::move(encoded));
+  return st::serialize(c.tensors, c.metadata);
 }
 
 bool is_compact_delta(const st::File& file) {

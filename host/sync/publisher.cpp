@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "codec/delta_io.hpp"
-#include "engine/cpu_engine.hpp"
+#include "engine/cpu_sync_engine.hpp"
 #include "codec/digest.hpp"
 #include "engine/integrity.hpp"
 #include "sync/protocol.hpp"
@@ -22,14 +22,20 @@ uint64_t unix_ms() {
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
-SparseDelta copy_delta(const DeltaView& v) {
-  SparseDelta d;
-  d.offsets.assign(v.offsets.begin(), v.offsets.end());
-  d.value_offsets.assign(v.value_offsets.begin(), v.value_offsets.end());
-  d.indices.assign(v.indices.begin(), v.indices.end());
-  d.values.assign(v.values.begin(), v.values.end());
-  d.base_values.assign(v.base_values.begin(), v.base_values.end());
-  return d;
+// A staged delta whose raw change set (with base values) is on the host can be merged with the
+// next one; one coded on the device, or without base bits (low-memory shadow), cannot.
+bool mergeable(const engine::StagedDelta& d) { return d.has_base_values && !d.coded_on_device; }
+
+// The change set's per-tensor offsets from its counts, for a delta whose positions stayed on the
+// device (coded there): the file's metadata needs the counts only.
+void fill_offsets(std::span<const TensorMeta> tensors, engine::StagedDelta& d) {
+  if (d.changes.offsets.size() == tensors.size() + 1) return;
+  d.changes.offsets.assign(1, 0);
+  d.changes.value_offsets.assign(1, 0);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    d.changes.offsets.push_back(d.changes.offsets.back() + d.counts[t]);
+    d.changes.value_offsets.push_back(d.changes.value_offsets.back() + d.counts[t] * tensors[t].width());
+  }
 }
 
 // True when the store holds exactly this manifest (a create whose answer was lost).
@@ -104,12 +110,14 @@ struct Publisher::Job {
   uint64_t version = 0;
   std::optional<uint64_t> base_version;
   bool has_delta = false;
-  SparseDelta delta;
+  engine::StagedDelta staged;
   bool anchor = false;
-  std::vector<std::vector<uint8_t>> snapshot;  // full weights when anchor
+  std::vector<std::vector<uint8_t>> snapshot;  // full weights when anchor (host memory)
+  std::vector<uint64_t> full_digests;          // low-memory shadow: the weights' digests at publish time
   uint64_t merged = 1;
   Clock::time_point published_at;
   double stage_seconds = 0;
+  engine::TransferCounters transfer;
   // Set once the manifest is written: a retry after a later failure (LATEST) must not upload
   // the version again, and nothing may be merged into it.
   std::optional<protocol::Manifest> committed;
@@ -125,10 +133,18 @@ struct Publisher::Job {
 };
 
 Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, PublisherOptions options)
-    : store_(std::move(store)), tensors_(std::move(tensors)), options_(std::move(options)) {
+    : Publisher(std::move(store), std::move(tensors), std::make_unique<engine::CpuSyncEngine>(), std::move(options)) {}
+
+Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors,
+                     std::unique_ptr<engine::SyncEngine> engine, PublisherOptions options)
+    : store_(std::move(store)), tensors_(std::move(tensors)), engine_(std::move(engine)), options_(std::move(options)) {
   if (!store_) throw Error("publisher: no store");
+  if (!engine_) throw Error("publisher: no engine");
   if (options_.delta_format != "compact" && options_.delta_format != "trl")
     throw Error("publisher: unknown delta format '" + options_.delta_format + "' (compact or trl)");
+  if (options_.delta_format == "compact" && engine_->shadow_kind() == engine::ShadowKind::kLowByte)
+    throw Error("publisher: format 'compact' codes values relative to the base bits, which the low-memory shadow does "
+                "not keep; use format 'trl' with the low-memory shadow");
   options_.max_pending = std::max<size_t>(options_.max_pending, 1);
   for (const auto& t : tensors_) model_bytes_ += t.numel() * t.width();
   worker_ = std::thread([this] { worker_loop(); });
@@ -151,16 +167,18 @@ void Publisher::note(const std::string& line) const {
   if (options_.log) options_.log(line);
 }
 
-void Publisher::restore(HostModel shadow, const PublisherState& state) {
+void Publisher::restore(const HostModel& shadow, const PublisherState& state) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (staged_version_ || busy_ || !queue_.empty()) throw Error("publisher: restore must come before the first publish");
   if (shadow.tensors.size() != tensors_.size()) throw Error("publisher: state has " + std::to_string(shadow.tensors.size()) + " tensors, the model " + std::to_string(tensors_.size()));
   for (size_t t = 0; t < tensors_.size(); ++t)
     if (shadow.tensors[t].name != tensors_[t].name || shadow.tensors[t].dtype != tensors_[t].dtype || shadow.tensors[t].shape != tensors_[t].shape)
       throw Error("publisher: state tensor " + shadow.tensors[t].name + " does not match the model's " + tensors_[t].name);
-  if (shadow.digests.size() != shadow.tensors.size()) shadow.compute_digests();
-  uploaded_digests_ = shadow.digests;
-  shadow_ = std::move(shadow);
+  if (engine_->device() != engine::Device::kCpu) throw Error("publisher: restore takes a host shadow; this engine runs on " + std::string(engine::device_name(engine_->device())));
+  const auto refs = shadow.const_refs();
+  uploaded_digests_ = shadow.digests.size() == refs.size() ? shadow.digests : digest_tensors(refs);
+  engine_->reset_shadow(refs);
+  published_digests_ = uploaded_digests_;
   uploaded_ = state;
   staged_version_ = state.last_version;
   staged_anchor_version_ = state.last_anchor_version;
@@ -174,69 +192,82 @@ bool Publisher::anchor_due(uint64_t version) const {
   return options_.anchor_share > 0 && double(uploaded_.delta_bytes_since_anchor) > options_.anchor_share * double(model_bytes_);
 }
 
-void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> current) {
+void Publisher::stage_anchor(Job& job, std::span<const ConstTensorRef> current) {
+  job.anchor = true;
+  job.snapshot.resize(tensors_.size());
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    job.snapshot[t].resize(tensors_[t].numel() * tensors_[t].width());
+    engine_->read(current[t], 0, job.snapshot[t]);
+    if (engine_->device() != engine::Device::kCpu) job.transfer.device_to_host_bytes += job.snapshot[t].size();
+  }
+  staged_anchor_version_ = job.version;
+}
+
+void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> current, bool force_anchor) {
+  const auto start = Clock::now();
   if (current.size() != tensors_.size()) throw Error("publish: expected " + std::to_string(tensors_.size()) + " tensors, got " + std::to_string(current.size()));
   for (size_t t = 0; t < current.size(); ++t)
     if (current[t].numel != tensors_[t].numel() || current[t].width != tensors_[t].width())
       throw Error("publish: tensor " + tensors_[t].name + " has a different size than the model describes");
-  auto read_full = [&](size_t t, std::span<uint8_t> out) { std::memcpy(out.data(), current[t].data, out.size()); };
-  if (shadow_.empty()) {
-    // First version of this publisher: the shadow starts as a copy and the version is an anchor.
-    shadow_.tensors = tensors_;
-    shadow_.data.resize(tensors_.size());
-    for (size_t t = 0; t < tensors_.size(); ++t) {
-      shadow_.data[t].resize(tensors_[t].numel() * tensors_[t].width());
-      read_full(t, shadow_.data[t]);
-    }
-    shadow_.version = version;
-    publish_staged(version, DeltaView{}, read_full);
-    return;
-  }
   if (staged_version_ && version <= *staged_version_)
     throw Error("publish: version " + std::to_string(version) + " is not newer than " + std::to_string(*staged_version_));
-  std::vector<EncodeItem> items(tensors_.size());
-  for (size_t t = 0; t < tensors_.size(); ++t)
-    items[t] = EncodeItem{tensors_[t].name, current[t].data, shadow_.data[t].data(), tensors_[t].numel(), tensors_[t].width()};
-  cpu::encode(items, scratch_);
-  shadow_.version = version;
-  shadow_.digests.clear();  // the uploader tracks digests; the shadow's would go stale
-  publish_staged(version, scratch_.view(), read_full);
-}
-
-void Publisher::publish_staged(uint64_t version, const DeltaView& staged,
-                               const std::function<void(size_t, std::span<uint8_t>)>& read_full) {
-  auto start = Clock::now();
-  if (staged_version_ && version <= *staged_version_)
-    throw Error("publish: version " + std::to_string(version) + " is not newer than " + std::to_string(*staged_version_));
+  const bool low_byte = engine_->shadow_kind() == engine::ShadowKind::kLowByte;
   auto job = std::make_unique<Job>();
   job->version = version;
   job->published_at = start;
-  job->base_version = staged_version_;
-  job->has_delta = staged_version_.has_value();
-  if (job->has_delta) {
-    if (staged.num_tensors() != tensors_.size()) throw Error("publish: staged delta has " + std::to_string(staged.num_tensors()) + " tensors, the model " + std::to_string(tensors_.size()));
-    job->delta = copy_delta(staged);
+  if (!engine_->has_shadow()) {
+    // First version of this publisher: the shadow starts as a copy and the version is an anchor.
+    engine_->reset_shadow(current);
+    if (low_byte) published_digests_ = engine_->digests(current);
+  } else {
+    job->base_version = staged_version_;
+    job->has_delta = true;
+    engine::EncodeRequest request;
+    request.want_coded = options_.delta_format == "compact" && engine_->device() != engine::Device::kCpu;
+    engine_->encode(current, request, job->staged);
+    job->transfer.add(job->staged.transfer);
+    if (low_byte) {
+      job->full_digests = engine_->digests(current);
+      // A tensor whose digest moved although no change of it was seen lost a change to the
+      // low-byte shadow; the receiver could not check it, so this version becomes an anchor.
+      for (size_t t = 0; t < tensors_.size(); ++t) {
+        if (job->staged.counts[t] == 0 && job->full_digests[t] != published_digests_[t]) {
+          note("version " + std::to_string(version) + ": the low-memory shadow missed a change in " + tensors_[t].name +
+               "; publishing an anchor");
+          job->has_delta = false;
+          job->staged.clear();
+          force_anchor = true;
+          break;
+        }
+      }
+      published_digests_ = job->full_digests;
+    }
   }
-  bool anchor = anchor_due(version);
+  bool anchor = force_anchor || anchor_due(version);
   {
     // Merging into a pending anchor makes the merged version an anchor: it needs these weights.
     std::lock_guard<std::mutex> lock(mutex_);
     if (queue_.size() >= options_.max_pending && (queue_.back()->anchor || !queue_.back()->has_delta)) anchor = true;
   }
-  if (anchor) {
-    job->anchor = true;
-    job->snapshot.resize(tensors_.size());
-    for (size_t t = 0; t < tensors_.size(); ++t) {
-      job->snapshot[t].resize(tensors_[t].numel() * tensors_[t].width());
-      read_full(t, job->snapshot[t]);
-    }
-    staged_anchor_version_ = version;
-  }
+  if (anchor) stage_anchor(*job, current);
   staged_version_ = version;
   job->stage_seconds = seconds_since(start);
+  {
+    VersionStats st;
+    st.version = version;
+    st.base_version = job->has_delta ? job->base_version : std::nullopt;
+    st.anchor = job->anchor;
+    st.changed_elements = job->staged.total_changed();
+    st.stage_seconds = job->stage_seconds;
+    st.transfer = job->transfer;
+    st.coded_on_device = job->staged.coded_on_device;
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_staged_ = st;
+    history_[version] = st;
+  }
   enqueue(std::move(job));
-  // A background failure is reported after this version is safely queued (the caller's shadow
-  // already moved on, so dropping the version would break the chain).
+  // A background failure is reported after this version is safely queued (the shadow already
+  // moved on, so dropping the version would break the chain).
   std::lock_guard<std::mutex> lock(mutex_);
   if (failure_) {
     auto f = failure_;
@@ -245,25 +276,66 @@ void Publisher::publish_staged(uint64_t version, const DeltaView& staged,
   }
 }
 
+VersionStats Publisher::last_staged() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_staged_;
+}
+
+std::vector<VersionStats> Publisher::history() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<VersionStats> out;
+  for (const auto& [v, st] : history_) out.push_back(st);
+  return out;
+}
+
 void Publisher::enqueue(std::unique_ptr<Job> job) {
   std::string merged_note;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    // A pending anchor can only absorb a version that brings its own full weights: otherwise the
-    // merged anchor would carry the older version's weights under the newer number.
-    // publish_staged makes such a version an anchor when it sees the queue full, but the queue
-    // can fill up after that look (a failed upload goes back to its front), so this is checked
-    // again here; the version is then queued on its own, one over max_pending for a while.
-    if (queue_.size() >= options_.max_pending && !queue_.back()->committed && (job->anchor || !queue_.back()->anchor)) {
-      // Uploads fell behind: fold this version into the newest pending one.
+    std::unique_lock<std::mutex> lock(mutex_);
+    // Uploads fell behind: fold this version into the newest pending one when the two can be
+    // one version. A pending anchor can only absorb a version that brings its own full weights
+    // (otherwise the merged anchor would carry the older version's weights under the newer
+    // number): publish() makes such a version an anchor when it sees the queue full, but the
+    // queue can fill up after that look (a failed upload goes back to its front), so it is
+    // checked again here. Two deltas fold only when both raw change sets are on the host; a
+    // version with full weights absorbs anything before it (its delta is then dropped).
+    auto can_fold = [&](const Job& back) {
+      if (back.committed || (!job->anchor && back.anchor)) return false;
+      if (back.has_delta && job->has_delta && !(mergeable(back.staged) && mergeable(job->staged))) return job->anchor;
+      return true;
+    };
+    if (queue_.size() >= options_.max_pending && !can_fold(*queue_.back())) {
+      // Nothing to fold into: wait for the oldest upload (bounded memory however slow the store).
+      if (paused_) retry_requested_ = true;
+      changed_.notify_all();
+      changed_.wait(lock, [&] { return queue_.size() < options_.max_pending || (paused_ && failure_) || stopping_; });
+    }
+    if (queue_.size() >= options_.max_pending && can_fold(*queue_.back())) {
       Job& back = *queue_.back();
-      if (back.has_delta && job->has_delta) back.delta = merge_deltas(back.delta.view(), job->delta.view(), tensors_);
+      if (back.has_delta && job->has_delta && mergeable(back.staged) && mergeable(job->staged)) {
+        back.staged.changes = merge_deltas(back.staged.changes.view(), job->staged.changes.view(), tensors_);
+        for (size_t t = 0; t < tensors_.size(); ++t)
+          back.staged.counts[t] = back.staged.changes.offsets[t + 1] - back.staged.changes.offsets[t];
+        back.full_digests = std::move(job->full_digests);
+      } else if (job->anchor) {
+        // The newer version's full weights stand alone: the merged version is an anchor only.
+        back.has_delta = false;
+        back.staged.clear();
+        back.full_digests.clear();
+      } else if (!back.has_delta) {
+        // The pending version is anchor-only and the new one an anchor too (publish() saw to it).
+      }
       if (job->anchor) back.snapshot = std::move(job->snapshot);
       back.anchor = back.anchor || job->anchor;
       if (back.anchor && back.snapshot.empty()) throw Error("publisher: merged anchor without weights (internal error)");
+      history_[back.version].merged_into = job->version;
+      VersionStats& merged = history_[job->version];
+      merged.merged_versions = back.merged + job->merged;
+      merged.base_version = back.has_delta ? back.base_version : std::nullopt;
       back.version = job->version;
       back.merged += job->merged;
       back.stage_seconds += job->stage_seconds;
+      back.transfer.add(job->transfer);
       back.attempted_manifest.reset();  // a different version now: an earlier try's manifest is not its own
       merged_note = "merged version " + std::to_string(job->version) + " into a pending upload (" + std::to_string(back.merged) + " versions)";
     } else {
@@ -360,6 +432,8 @@ void Publisher::upload(Job& job) {
   st.anchor = job.anchor;
   st.merged_versions = job.merged;
   st.stage_seconds = job.stage_seconds;
+  st.transfer = job.transfer;
+  st.coded_on_device = job.staged.coded_on_device;
 
   // 1. Encode: delta file with integrity digests, anchor parts.
   std::vector<uint8_t> delta_bytes;
@@ -375,14 +449,34 @@ void Publisher::upload(Job& job) {
                   " but the store's last version from this publisher is " +
                   (before.last_version ? std::to_string(*before.last_version) : "none"));
     if (uploaded_digests_.size() != tensors_.size()) throw Error("publisher: no digests of the base version (restore() not called?)");
-    const DeltaView view = job.delta.view();
-    auto dd = integrity::delta_digests(tensors_, view, uploaded_digests_, job.version, job.base_version);
+    engine::StagedDelta& staged = job.staged;
+    fill_offsets(tensors_, staged);
+    // Result digests in O(changed): from the engine's shifts, from the base and new bits, or
+    // (low-memory shadow) the full digests taken at publish time.
+    result_digests = uploaded_digests_;
+    if (!job.full_digests.empty()) {
+      result_digests = job.full_digests;
+    } else if (!staged.digest_shifts.empty()) {
+      for (size_t t = 0; t < tensors_.size(); ++t) result_digests[t] += staged.digest_shifts[t];
+    } else {
+      integrity::advance_digests(result_digests, tensors_, staged.changes.view());
+    }
+    integrity::DeltaDigests dd;
+    dd.model_version = job.version;
+    dd.base_version = job.base_version;
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      if (staged.counts[t] == 0) continue;
+      dd.base.emplace(tensors_[t].name, uploaded_digests_[t]);
+      dd.result.emplace(tensors_[t].name, result_digests[t]);
+    }
     DeltaInfo info;
     integrity::put_delta_digests(info, dd);
-    delta_bytes = serialize_delta(parse_delta_format(options_.delta_format), tensors_, view, info);
-    result_digests = uploaded_digests_;
-    integrity::advance_digests(result_digests, tensors_, view);
-    st.changed_elements = view.total_changed();
+    if (staged.coded_on_device) {
+      delta_bytes = compact::serialize_compact_delta(tensors_, staged.changes.view(), info, staged.coded);
+    } else {
+      delta_bytes = serialize_delta(parse_delta_format(options_.delta_format), tensors_, staged.changes.view(), info);
+    }
+    st.changed_elements = staged.total_changed();
   }
   std::vector<std::vector<uint8_t>> parts;
   if (job.anchor) {
@@ -471,6 +565,9 @@ void Publisher::finish(const Job& job, const VersionStats& st, const std::vector
     }
     uploaded_digests_ = result_digests;
     stats_.push_back(st);
+    VersionStats& h = history_[job.version];
+    h = st;
+    h.visible = true;
   }
   note("version " + std::to_string(job.version) + " visible: " + (job.anchor ? "anchor " + std::to_string(st.anchor_bytes) + " B, " : std::string()) +
        (job.has_delta ? "delta " + std::to_string(st.delta_bytes) + " B" : "no delta"));

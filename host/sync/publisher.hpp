@@ -1,25 +1,31 @@
-// The writer side of the store protocol.
+// The writer side of the store protocol, one implementation for every caller (the CLI, the
+// Python DeltaPublisher, tests) and for weights in host or device memory.
 //
-// publish(version, weights) diffs the weights against the publisher's shadow (the bits last
-// published), stages the changes in host memory and returns; a background thread encodes
-// (compact layout, with integrity digests), uploads the objects and commits the manifest. When
-// uploads fall behind, staged versions are merged into one delta (union of the changed
-// positions, newest values, oldest base values), so memory stays bounded by `max_pending`
-// deltas however slow the store is. A version also becomes an anchor (full weights) every
-// `anchor_every` versions and whenever the delta bytes since the last anchor pass
-// `anchor_share` of the model's size.
+// publish(version, weights) runs the engine where the weights live (engine/engine.hpp): a bitwise
+// diff against the engine's shadow (the bits last published), and stages the change set in host
+// memory -- on a GPU engine with the compact layout only the coded bytes and per-tensor digest
+// shifts cross PCIe. Then it returns; a background thread serializes (and codes the compact
+// layout when the engine did not), uploads the objects and commits the manifest and LATEST.
+// When uploads fall behind, staged versions with a raw change set are merged into one delta
+// (union of the changed positions, newest values, oldest base values), so memory stays bounded
+// by `max_pending` deltas however slow the store is; staged versions that cannot merge (coded on
+// the device, low-memory deltas without base bits) make publish() wait for the oldest upload
+// instead. A version also becomes an anchor (full weights) every `anchor_every` versions and
+// whenever the delta bytes since the last anchor pass `anchor_share` of the model's size.
 //
-// Backends: publish() runs the CPU encode against a host shadow. A GPU caller keeps the shadow
-// on the device (deltasync::cuda::Encoder), stages the result itself and hands it to
-// publish_staged() together with a callback that copies the full weights to host memory
-// should the version become an anchor (see publish_from_encoder below, compiled when
-// DELTASYNC_WITH_CUDA is defined).
+// Low-memory shadow (engine::ShadowKind::kLowByte): the shadow holds the low byte of each
+// 2-byte element, so a change that leaves the low byte equal is not seen. Every publish then
+// hashes the full weights (one extra read where they live) and the delta records those as its
+// result digests: a tensor whose digest moved without a seen change makes the version an
+// anchor; a tensor with seen changes and a missed one fails the subscriber's result check,
+// which refuses the delta and recovers from the next anchor.
 #pragma once
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -28,14 +34,16 @@
 #include <thread>
 #include <vector>
 
-#include "format/delta_file.hpp"
+#include "engine/engine.hpp"
 #include "engine/host_model.hpp"
+#include "format/delta_file.hpp"
 #include "core/sparse_delta.hpp"
 #include "store/store.hpp"
 #include "core/tensor.hpp"
 
 namespace deltasync {
 
+// The one set of defaults (the CLI's flags and the Python DeltaPublisher's arguments start here).
 struct PublisherOptions {
   uint64_t anchor_every = 20;        // versions between anchors (0: only by size / first)
   double anchor_share = 0.5;         // anchor when delta bytes since the last one exceed this share of the model
@@ -61,6 +69,12 @@ struct VersionStats {
   double encode_seconds = 0;   // background: serialization + digests
   double upload_seconds = 0;   // background: objects + manifest + LATEST
   double visible_seconds = 0;  // publish() call to manifest visible
+  // Counted by the engine inside publish() (summed over merged versions): bytes between host and
+  // device memory and host waits for the device (all 0 on the CPU engine).
+  engine::TransferCounters transfer;
+  bool coded_on_device = false;  // the compact layout was coded where the weights live
+  bool visible = false;          // committed to the store (history(): false while staged)
+  std::optional<uint64_t> merged_into;  // history(): folded into this later version, never uploaded alone
   double throughput_bytes_per_s() const { return upload_seconds > 0 ? (delta_bytes + anchor_bytes) / upload_seconds : 0; }
 };
 
@@ -73,38 +87,46 @@ struct PublisherState {
 
 class Publisher {
  public:
-  // `tensors` describes the model (names, dtypes, shapes) in the order weights are passed.
+  // `tensors` describes the model (names, dtypes, shapes) in the order weights are passed;
+  // `engine` runs where they live and holds the shadow (the CPU twin when omitted).
   Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, PublisherOptions options = {});
+  Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, std::unique_ptr<engine::SyncEngine> engine,
+            PublisherOptions options = {});
   // Waits for the queued versions; a failed upload is not retried and its error is dropped
   // (call flush() first to see it).
   ~Publisher();
   Publisher(const Publisher&) = delete;
   Publisher& operator=(const Publisher&) = delete;
 
-  // Starts from weights already published (the shadow) at state.last_version. Without a call
-  // to restore the first publish is an anchor.
-  void restore(HostModel shadow, const PublisherState& state);
+  // Starts from weights already published at state.last_version: `shadow` holds them (host
+  // memory; copied into the engine's shadow). Without a call to restore the first publish is an
+  // anchor.
+  void restore(const HostModel& shadow, const PublisherState& state);
 
-  // CPU path: diffs `current` (one ref per tensor, in `tensors` order) against the host shadow.
-  // Returns once the delta is staged. Throws Error for a version not newer than the last one
-  // (nothing staged), or reports a previous background failure once — after staging this
-  // version, which is uploaded with the failed one on the next try.
-  void publish(uint64_t version, std::span<const ConstTensorRef> current);
-
-  // Any backend: `staged` is the delta from the last published version to `version` (host
-  // memory; copied before returning), `read_full(t, out)` fills tensor t's full bytes and is
-  // called from publish_staged only when the version becomes an anchor.
-  void publish_staged(uint64_t version, const DeltaView& staged,
-                      const std::function<void(size_t, std::span<uint8_t>)>& read_full);
+  // Diffs `current` (one ref per tensor, in `tensors` order, in the engine's memory) against the
+  // shadow and stages the delta; returns once it is staged (the store is never waited for,
+  // except when staged versions cannot be merged, see above). `force_anchor` makes this version
+  // an anchor. Throws Error for a version not newer than the last one (nothing staged), or
+  // reports a previous background failure once -- after staging this version, which is
+  // uploaded with the failed one on the next try.
+  void publish(uint64_t version, std::span<const ConstTensorRef> current, bool force_anchor = false);
 
   // Waits until every version published so far is visible (or failed); rethrows the first
   // background failure not yet reported.
   void flush();
 
+  // The versions made visible, in order.
   std::vector<VersionStats> stats() const;
+  // Every version publish() was called with, in order: staged, visible or merged into a later one.
+  std::vector<VersionStats> history() const;
+  // What publish() measured for the last version staged (before its upload): stage time,
+  // changes, transfer counters.
+  VersionStats last_staged() const;
   PublisherState state() const;
-  // The host shadow (CPU path): the weights of the last published version.
-  const HostModel& shadow() const { return shadow_; }
+  const engine::SyncEngine& engine() const { return *engine_; }
+  engine::SyncEngine& engine() { return *engine_; }
+  const std::vector<TensorMeta>& tensors() const { return tensors_; }
+  const PublisherOptions& options() const { return options_; }
 
  private:
   struct Job;
@@ -114,19 +136,20 @@ class Publisher {
   void finish(const Job& job, const VersionStats& stats, const std::vector<uint64_t>& result_digests);
   void enqueue(std::unique_ptr<Job> job);
   bool anchor_due(uint64_t version) const;
+  void stage_anchor(Job& job, std::span<const ConstTensorRef> current);
   void note(const std::string& line) const;
 
   std::shared_ptr<Store> store_;
   std::vector<TensorMeta> tensors_;
+  std::unique_ptr<engine::SyncEngine> engine_;
   PublisherOptions options_;
   uint64_t model_bytes_ = 0;
-
-  HostModel shadow_;  // CPU path only
-  SparseDelta scratch_;
 
   // Publish-side view (caller thread).
   std::optional<uint64_t> staged_version_;
   std::optional<uint64_t> staged_anchor_version_;
+  std::vector<uint64_t> published_digests_;  // low-memory shadow: full digests at the last publish
+  VersionStats last_staged_;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
@@ -137,6 +160,7 @@ class Publisher {
   bool retry_requested_ = false;  // the caller published or flushed since: try again
   std::exception_ptr failure_;
   std::vector<VersionStats> stats_;
+  std::map<uint64_t, VersionStats> history_;
   PublisherState uploaded_;            // what is visible in the store
   std::vector<uint64_t> uploaded_digests_;  // digests at uploaded_.last_version (worker thread)
   std::thread worker_;
@@ -149,23 +173,3 @@ SparseDelta merge_deltas(const DeltaView& older, const DeltaView& newer, std::sp
 
 }  // namespace deltasync
 
-#ifdef DELTASYNC_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "deltasync/cuda/engine.hpp"
-
-namespace deltasync {
-// GPU path: the shadow lives on the device inside `encoder`'s items. Diffs and stages on
-// `stream`, then hands the staged delta to the publisher; full weights are copied to host only
-// if this version becomes an anchor.
-inline void publish_from_encoder(Publisher& publisher, cuda::Encoder& encoder, uint64_t version,
-                                 std::span<const EncodeItem> items, cudaStream_t stream) {
-  cuda::check(encoder.encode(items, stream), "publish: encode");
-  cuda::check(encoder.stage(stream), "publish: stage");
-  cuda::check(cudaStreamSynchronize(stream), "publish: synchronize");
-  publisher.publish_staged(version, encoder.staged(), [&](size_t t, std::span<uint8_t> out) {
-    cuda::check(cudaMemcpy(out.data(), items[t].current, out.size(), cudaMemcpyDeviceToHost), "publish: copy anchor");
-  });
-}
-}  // namespace deltasync
-#endif

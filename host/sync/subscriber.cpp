@@ -15,17 +15,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The digests a manifest records, compared with the model's; returns the first mismatch.
-std::optional<std::string> digest_mismatch(const HostModel& model, const protocol::Manifest& manifest) {
+// The digests a manifest records, compared with the weights'; returns the first mismatch.
+std::optional<std::string> digest_mismatch(const std::vector<TensorMeta>& tensors, const std::vector<uint64_t>& digests,
+                                           const protocol::Manifest& manifest) {
   if (manifest.digests.empty()) return std::nullopt;  // a manifest without digests cannot audit
-  if (manifest.digests.size() != model.tensors.size())
-    return "the model has " + std::to_string(model.tensors.size()) + " tensors, version " + std::to_string(manifest.version) +
+  if (manifest.digests.size() != tensors.size())
+    return "the model has " + std::to_string(tensors.size()) + " tensors, version " + std::to_string(manifest.version) +
            " has " + std::to_string(manifest.digests.size());
-  for (size_t t = 0; t < model.tensors.size(); ++t) {
-    auto it = manifest.digests.find(model.tensors[t].name);
-    if (it == manifest.digests.end()) return "tensor " + model.tensors[t].name + " is not part of version " + std::to_string(manifest.version);
-    if (it->second != digest_to_hex(model.digests[t]))
-      return "tensor " + model.tensors[t].name + " digest " + digest_to_hex(model.digests[t]) + " differs from version " +
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    auto it = manifest.digests.find(tensors[t].name);
+    if (it == manifest.digests.end()) return "tensor " + tensors[t].name + " is not part of version " + std::to_string(manifest.version);
+    if (it->second != digest_to_hex(digests[t]))
+      return "tensor " + tensors[t].name + " digest " + digest_to_hex(digests[t]) + " differs from version " +
              std::to_string(manifest.version) + "'s " + it->second;
   }
   return std::nullopt;
@@ -33,51 +34,39 @@ std::optional<std::string> digest_mismatch(const HostModel& model, const protoco
 
 }  // namespace
 
-HostModel load_anchor(const protocol::Manifest& manifest, std::vector<std::vector<uint8_t>> parts, const std::string& label) {
-  HostModel model;
+VerifiedAnchor verify_anchor(const protocol::Manifest& manifest, std::vector<std::vector<uint8_t>> parts,
+                             const std::string& label) {
+  VerifiedAnchor a;
   std::set<std::string> seen;
   integrity::DigestMap recorded;
+  a.files.reserve(parts.size());
   for (size_t k = 0; k < parts.size(); ++k) {
-    st::File file = st::File::from_bytes(std::move(parts[k]), label + " part " + std::to_string(k));
-    HostModel piece = HostModel::from_file(file);
-    if (piece.version != manifest.version)
-      throw Error(file.label() + ": anchor part is for version " + (piece.version ? std::to_string(*piece.version) : "unknown") +
-                  ", expected " + std::to_string(manifest.version));
+    a.files.push_back(st::File::from_bytes(std::move(parts[k]), label + " part " + std::to_string(k)));
+    const st::File& file = a.files.back();
+    const auto version = file.metadata().find("model_version");
+    if (version == file.metadata().end() || version->second != std::to_string(manifest.version))
+      throw Error(file.label() + ": anchor part is for version " +
+                  (version == file.metadata().end() ? std::string("unknown") : version->second) + ", expected " +
+                  std::to_string(manifest.version));
     if (auto d = integrity::read_checkpoint_digests(file.metadata(), file.label())) recorded.insert(d->begin(), d->end());
-    for (size_t t = 0; t < piece.tensors.size(); ++t) {
-      if (!seen.insert(piece.tensors[t].name).second) throw Error(label + ": tensor " + piece.tensors[t].name + " appears in two anchor parts");
-      model.tensors.push_back(std::move(piece.tensors[t]));
-      model.data.push_back(std::move(piece.data[t]));
+    for (const TensorMeta& m : model_tensors(file)) {
+      if (!seen.insert(m.name).second) throw Error(label + ": tensor " + m.name + " appears in two anchor parts");
+      a.bytes.push_back(file.bytes(file.at(m.name)));
+      a.tensors.push_back(m);
     }
   }
-  model.version = manifest.version;
-  model.compute_digests();  // the audit an anchor deserves: one read of the weights
-  for (size_t t = 0; t < model.tensors.size(); ++t) {
-    auto it = recorded.find(model.tensors[t].name);
-    if (it != recorded.end() && it->second != model.digests[t])
-      throw Error(label + ": tensor " + model.tensors[t].name + " does not match its recorded digest");
+  // The audit an anchor deserves: one read of its bytes, before any of them is written anywhere.
+  std::vector<ConstTensorRef> refs;
+  for (size_t t = 0; t < a.tensors.size(); ++t)
+    refs.push_back(ConstTensorRef{a.tensors[t].name, a.bytes[t].data(), a.tensors[t].numel(), a.tensors[t].width()});
+  a.digests = digest_tensors(refs);
+  for (size_t t = 0; t < a.tensors.size(); ++t) {
+    auto it = recorded.find(a.tensors[t].name);
+    if (it != recorded.end() && it->second != a.digests[t])
+      throw Error(label + ": tensor " + a.tensors[t].name + " does not match its recorded digest");
   }
-  if (auto bad = digest_mismatch(model, manifest)) throw Error(label + ": anchor does not match its manifest: " + *bad);
-  return model;
-}
-
-void apply_delta_object(HostModel& model, const protocol::Manifest& manifest, std::vector<uint8_t> bytes, const std::string& label) {
-  st::File file = st::File::from_bytes(std::move(bytes), label);
-  ResolvedDelta resolved;
-  {
-    auto base = model.const_refs();
-    resolve_delta(file, model.tensors, base, resolved);
-  }
-  const DeltaInfo& info = resolved.info;
-  const std::vector<PatchRef>& patches = resolved.patches;
-  if (info.model_version != manifest.version || info.base_version != manifest.base_version)
-    throw Error(label + ": delta's versions disagree with its manifest");
-  auto expected = integrity::read_delta_digests(info, label);
-  if (!expected) throw Error(label + ": delta carries no digests; refusing to apply it unverified");
-  if (model.digests.size() != model.tensors.size()) model.compute_digests();
-  auto targets = model.refs();
-  integrity::apply_verified(targets, patches, *expected, model.digests, model.version);
-  model.version = manifest.version;
+  if (auto bad = digest_mismatch(a.tensors, a.digests, manifest)) throw Error(label + ": anchor does not match its manifest: " + *bad);
+  return a;
 }
 
 Subscriber::Subscriber(Store& store, SubscriberOptions options)
@@ -126,7 +115,7 @@ std::vector<std::vector<uint8_t>> Subscriber::fetch_all(const std::vector<protoc
   return out;
 }
 
-void Subscriber::execute(const protocol::CatchUpPlan& plan, HostModel& model, SyncReport& report) {
+void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, SyncReport& report) {
   std::vector<protocol::ObjectRef> objects;
   std::vector<const protocol::Manifest*> chain;
   const protocol::Manifest* anchor = nullptr;
@@ -150,17 +139,32 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, HostModel& model, Sy
     std::vector<std::vector<uint8_t>> parts(std::make_move_iterator(fetched.begin()),
                                             std::make_move_iterator(fetched.begin() + anchor->anchor_parts.size()));
     next = anchor->anchor_parts.size();
-    HostModel fresh = load_anchor(*anchor, std::move(parts), store_.describe(protocol::manifest_key(anchor->version)));
-    // Deltas go onto the fresh copy; the caller's weights change only once all succeeded.
-    for (const auto* m : chain) apply_delta_object(fresh, *m, std::move(fetched[next++]), store_.describe(m->delta->key));
-    model = std::move(fresh);
-  } else {
-    for (const auto* m : chain) apply_delta_object(model, *m, std::move(fetched[next++]), store_.describe(m->delta->key));
+    // Every part is parsed and hashed before the first byte reaches the weights.
+    const VerifiedAnchor verified = verify_anchor(*anchor, std::move(parts), store_.describe(protocol::manifest_key(anchor->version)));
+    const auto w0 = Clock::now();
+    weights.load_anchor(verified.tensors, verified.bytes, verified.digests, anchor->version);
+    report.pause_seconds += seconds_since(w0);
+    report.anchor = anchor->version;
+    for (const auto& t : verified.tensors) report.applied_elements += t.numel();
+  }
+  for (const auto* m : chain) {
+    const st::File file = st::File::from_bytes(std::move(fetched[next++]), store_.describe(m->delta->key));
+    const engine::DeltaToApply delta{&file, m->version, m->base_version};
+    const auto w0 = Clock::now();
+    report.applied_elements += weights.apply(delta, report.transfer);
+    report.pause_seconds += seconds_since(w0);
+    report.changed_elements += m->changed_elements;
+    report.deltas.push_back(m->version);
   }
   report.apply_seconds += seconds_since(t1);
 }
 
 SyncReport Subscriber::sync(HostModel& model, std::optional<uint64_t> target) {
+  HostModelReceiver weights(model);
+  return sync(weights, target);
+}
+
+SyncReport Subscriber::sync(Receiver& weights, std::optional<uint64_t> target) {
   auto start = Clock::now();
   SyncReport report;
   if (!target) target = poll();
@@ -173,11 +177,11 @@ SyncReport Subscriber::sync(HostModel& model, std::optional<uint64_t> target) {
   const protocol::Manifest goal = *found;
 
   // Audit the weights we start from: a delta is only as good as its base.
-  std::optional<uint64_t> usable = model.empty() ? std::nullopt : model.version;
+  std::optional<uint64_t> usable = weights.version();
   if (usable) {
-    if (model.digests.size() != model.tensors.size()) model.compute_digests();
+    if (weights.digests().empty()) weights.recompute_digests();
     if (const protocol::Manifest* mine = catalog_.find(*usable)) {
-      if (auto bad = digest_mismatch(model, *mine)) {
+      if (auto bad = digest_mismatch(weights.tensors(), weights.digests(), *mine)) {
         report.recovered = true;
         report.recovery_reason = "local weights do not match version " + std::to_string(*usable) + ": " + *bad;
         note("recovering: " + report.recovery_reason);
@@ -195,11 +199,12 @@ SyncReport Subscriber::sync(HostModel& model, std::optional<uint64_t> target) {
   if (!plan) throw Error(store_.url() + ": no way to reach version " + std::to_string(*target) + " (no anchor left on its chain)");
   note("plan: " + plan->describe());
   try {
-    execute(*plan, model, report);
+    execute(*plan, weights, report);
     report.plan = *plan;
   } catch (const Error& first) {
     // The plan failed (corrupt object, digest mismatch, a version deleted by retention
-    // meanwhile): `model` is still consistent at model.version; rebuild from the newest anchor.
+    // meanwhile): the weights are still consistent at weights.version(); rebuild from the
+    // newest anchor.
     report.recovered = true;
     report.recovery_reason = first.what();
     note(std::string("recovering from an anchor after: ") + first.what());
@@ -212,15 +217,16 @@ SyncReport Subscriber::sync(HostModel& model, std::optional<uint64_t> target) {
     auto again = protocol::plan_catch_up(catalog_, std::nullopt, *target, /*allow_current=*/false);
     if (!again) throw Error(std::string(first.what()) + "; and no anchor to recover from");
     try {
-      execute(*again, model, report);
+      execute(*again, weights, report);
     } catch (const Error& second) {
       throw Error(std::string(first.what()) + "; recovery from anchor " + std::to_string(*again->anchor_version) +
                   " failed too: " + second.what());
     }
     report.plan = *again;
   }
-  if (model.version != *target) throw Error(store_.url() + ": sync ended at the wrong version");
-  if (auto bad = digest_mismatch(model, goal)) throw Error(store_.url() + ": weights after sync do not match version " + std::to_string(*target) + ": " + *bad);
+  if (weights.version() != *target) throw Error(store_.url() + ": sync ended at the wrong version");
+  if (auto bad = digest_mismatch(weights.tensors(), weights.digests(), goal))
+    throw Error(store_.url() + ": weights after sync do not match version " + std::to_string(*target) + ": " + *bad);
   report.total_seconds = seconds_since(start);
   return report;
 }

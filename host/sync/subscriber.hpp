@@ -8,9 +8,11 @@
 #include <optional>
 #include <string>
 
+#include "engine/engine.hpp"
 #include "engine/host_model.hpp"
-#include "sync/protocol.hpp"
 #include "store/store.hpp"
+#include "sync/protocol.hpp"
+#include "sync/receiver.hpp"
 
 namespace deltasync {
 
@@ -26,8 +28,14 @@ struct SyncReport {
   protocol::CatchUpPlan plan;    // the plan that succeeded
   bool recovered = false;        // the first plan failed (or the weights did not match their
   std::string recovery_reason;   // version) and the model was rebuilt from an anchor
+  std::optional<uint64_t> anchor;  // the anchor loaded (if any)
+  std::vector<uint64_t> deltas;    // the deltas applied, in order
   uint64_t bytes_fetched = 0;
+  uint64_t changed_elements = 0;   // changes the applied deltas carry
+  uint64_t applied_elements = 0;   // elements written into the weights here
   double fetch_seconds = 0, apply_seconds = 0, total_seconds = 0;
+  double pause_seconds = 0;        // inside the receiver: the weights being written and verified
+  engine::TransferCounters transfer;  // host <-> device traffic and host syncs of the applies
 };
 
 class Subscriber {
@@ -39,17 +47,20 @@ class Subscriber {
   // absent or names a version without a manifest. nullopt: the store has no versions.
   std::optional<uint64_t> poll();
 
-  // Brings `model` to `target` (default: the newest version). A model with a version is first
-  // audited: its digests (computed if missing) must equal those its version's manifest
-  // records; otherwise it is treated as having nothing and rebuilt from an anchor. On success
-  // model.version == target and model.digests match the target's manifest. On failure throws
-  // Error; the model then holds consistent weights at model.version (possibly advanced part way).
+  // Brings `weights` to `target` (default: the newest version). Weights with a version are
+  // first audited: their digests (computed if missing) must equal those their version's
+  // manifest records; otherwise they are treated as having nothing and rebuilt from an anchor.
+  // On success weights.version() == target and its digests match the target's manifest. On
+  // failure throws Error; the weights then hold consistent bits at weights.version() (possibly
+  // advanced part way, never half a delta).
+  SyncReport sync(Receiver& weights, std::optional<uint64_t> target = std::nullopt);
+  // Same for a HostModel (an empty one takes its tensors from the anchor).
   SyncReport sync(HostModel& model, std::optional<uint64_t> target = std::nullopt);
 
   protocol::Catalog& catalog() { return catalog_; }
 
  private:
-  void execute(const protocol::CatchUpPlan& plan, HostModel& model, SyncReport& report);
+  void execute(const protocol::CatchUpPlan& plan, Receiver& weights, SyncReport& report);
   std::vector<std::vector<uint8_t>> fetch_all(const std::vector<protocol::ObjectRef>& objects, SyncReport& report);
   void note(const std::string& line) const;
 
@@ -61,13 +72,17 @@ class Subscriber {
   bool can_list_ = true;
 };
 
-// Builds a model from an anchor's parts (already fetched and hash-checked): parts in order,
-// every tensor once, digests recomputed and compared with the digests the parts carry.
-HostModel load_anchor(const protocol::Manifest& manifest, std::vector<std::vector<uint8_t>> parts, const std::string& label);
-
-// Applies one fetched delta object to `model` (transactional: on a failed check nothing is
-// changed). The delta's versions must match the manifest's.
-void apply_delta_object(HostModel& model, const protocol::Manifest& manifest, std::vector<uint8_t> bytes,
-                        const std::string& label);
+// An anchor's parts, parsed and verified in host memory before any of it reaches the weights:
+// parts in order, every tensor once, each tensor's digest recomputed and compared with the
+// digests the parts and the manifest record. `tensors[t]`'s bits are `bytes[t]` (pointing into
+// `files`).
+struct VerifiedAnchor {
+  std::vector<st::File> files;
+  std::vector<TensorMeta> tensors;
+  std::vector<std::span<const uint8_t>> bytes;
+  std::vector<uint64_t> digests;
+};
+VerifiedAnchor verify_anchor(const protocol::Manifest& manifest, std::vector<std::vector<uint8_t>> parts,
+                             const std::string& label);
 
 }  // namespace deltasync

@@ -1,0 +1,88 @@
+#include "sync/receiver.hpp"
+
+#include <cstring>
+
+#include "codec/digest.hpp"
+#include "core/error.hpp"
+#include "core/huge_buffer.hpp"
+#include "core/parallel.hpp"
+
+namespace deltasync {
+namespace {
+
+std::string describe(const TensorMeta& m) { return std::string(dtype_name(m.dtype)) + st::shape_text(m.shape); }
+
+// An anchor must hold exactly the receiver's tensors: an anchor that left out unchanged tensors
+// (or describes another model) is refused before anything is written.
+void check_same_model(std::span<const TensorMeta> mine, std::span<const TensorMeta> anchor, uint64_t version) {
+  const std::string label = "anchor of version " + std::to_string(version);
+  if (anchor.size() != mine.size())
+    throw Error(label + ": holds " + std::to_string(anchor.size()) + " tensors, the model has " + std::to_string(mine.size()));
+  for (size_t t = 0; t < mine.size(); ++t) {
+    if (anchor[t].name != mine[t].name) throw Error(label + ": tensor " + anchor[t].name + " where the model has " + mine[t].name);
+    if (anchor[t].dtype != mine[t].dtype || anchor[t].shape != mine[t].shape)
+      throw Error(label + ": tensor " + mine[t].name + " is " + describe(anchor[t]) + ", the model's is " + describe(mine[t]));
+  }
+}
+
+}  // namespace
+
+TensorReceiver::TensorReceiver(std::vector<TensorMeta> meta, std::vector<TensorRef> targets, engine::SyncEngine& engine)
+    : meta_(std::move(meta)), targets_(std::move(targets)), engine_(engine) {
+  if (meta_.size() != targets_.size()) throw Error("receiver: " + std::to_string(meta_.size()) + " tensors described, " + std::to_string(targets_.size()) + " given");
+  for (size_t t = 0; t < meta_.size(); ++t)
+    if (targets_[t].numel != meta_[t].numel() || targets_[t].width != meta_[t].width())
+      throw Error("receiver: tensor " + meta_[t].name + " does not match its description " + describe(meta_[t]));
+}
+
+void TensorReceiver::recompute_digests() {
+  std::vector<ConstTensorRef> refs;
+  for (const auto& t : targets_) refs.push_back(ConstTensorRef{t.name, t.data, t.numel, t.width});
+  digests_ = engine_.digests(refs);
+}
+
+void TensorReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
+                                 std::span<const uint64_t> digests, uint64_t version) {
+  check_same_model(meta_, meta, version);
+  // From here the old weights are being replaced: until the last write the receiver is at no
+  // version (a failure leaves it unusable, and the subscriber says so and recovers).
+  version_.reset();
+  digests_.clear();
+  for (size_t t = 0; t < targets_.size(); ++t) engine_.write(targets_[t], 0, bytes[t]);
+  digests_.assign(digests.begin(), digests.end());
+  version_ = version;
+}
+
+uint64_t TensorReceiver::apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) {
+  if (digests_.size() != targets_.size()) recompute_digests();
+  auto report = engine_.apply(delta, meta_, targets_, digests_, version_, transfer);
+  version_ = delta.model_version;
+  return report.elements_changed;
+}
+
+std::vector<uint64_t> HostModelReceiver::digests() const {
+  return model_.digests.size() == model_.tensors.size() ? model_.digests : std::vector<uint64_t>{};
+}
+
+void HostModelReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
+                                    std::span<const uint64_t> digests, uint64_t version) {
+  // New storage, swapped in whole: the old model stays intact until the copy is complete.
+  HostModel fresh;
+  fresh.tensors.assign(meta.begin(), meta.end());
+  fresh.data.resize(meta.size());
+  for (size_t t = 0; t < meta.size(); ++t) fresh.data[t] = huge_page_vector(bytes[t].size());
+  parallel_for(meta.size(), [&](size_t t) { std::memcpy(fresh.data[t].data(), bytes[t].data(), bytes[t].size()); });
+  fresh.digests.assign(digests.begin(), digests.end());
+  fresh.version = version;
+  model_ = std::move(fresh);
+}
+
+uint64_t HostModelReceiver::apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) {
+  if (model_.digests.size() != model_.tensors.size()) model_.compute_digests();
+  auto targets = model_.refs();
+  auto report = engine_.apply(delta, model_.tensors, targets, model_.digests, model_.version, transfer);
+  model_.version = delta.model_version;
+  return report.elements_changed;
+}
+
+}  // namespace deltasync

@@ -1,0 +1,88 @@
+// The weights a Subscriber brings up to date, wherever they live: a Receiver knows its tensors,
+// the version and digests they are at, and writes anchors and verified deltas into them. The
+// subscriber (fetching, planning, recovery) is written once against this; implementations say
+// where the weights are:
+//   TensorReceiver     tensors the caller owns (host or device memory), through a SyncEngine
+//   HostModelReceiver  a HostModel that takes its shape from the store's first anchor (the CLI)
+//   (torch_ext adds the vLLM receiver, whose weights are the engine's fused, sharded parameters)
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "engine/engine.hpp"
+#include "engine/cpu_sync_engine.hpp"
+#include "engine/host_model.hpp"
+
+namespace deltasync {
+
+class Receiver {
+ public:
+  virtual ~Receiver() = default;
+
+  // The model the weights hold, names as published. Empty: the receiver takes its shape from
+  // the first anchor it loads.
+  virtual std::vector<TensorMeta> tensors() const = 0;
+  virtual std::optional<uint64_t> version() const = 0;
+  // The weights' digests, one per tensor in tensors() order; empty while unknown.
+  virtual std::vector<uint64_t> digests() const = 0;
+  // Recomputes the digests from the weights (one read where they live): audits, and weights
+  // written by someone else.
+  virtual void recompute_digests() = 0;
+
+  // Replaces every tensor with an anchor's: `meta` describes them (every tensor of the model),
+  // `bytes[t]` holds tensor t's bits in host memory, already checked by the subscriber against
+  // the manifest's SHA-256 and `digests`. A receiver with a fixed model refuses an anchor that
+  // describes another one before writing anything. Afterwards version() == version and
+  // digests() == digests.
+  virtual void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
+                           std::span<const uint64_t> digests, uint64_t version) = 0;
+
+  // Verified, transactional apply of one delta (engine::SyncEngine::apply's contract): on
+  // success version() == delta.model_version and the digests advanced; on failure throws with
+  // the weights bit-for-bit as before. Returns the elements written here.
+  virtual uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) = 0;
+};
+
+// Tensors the caller owns, in the memory `engine` runs on (the engine outlives the receiver).
+class TensorReceiver final : public Receiver {
+ public:
+  TensorReceiver(std::vector<TensorMeta> meta, std::vector<TensorRef> targets, engine::SyncEngine& engine);
+
+  std::vector<TensorMeta> tensors() const override { return meta_; }
+  std::optional<uint64_t> version() const override { return version_; }
+  std::vector<uint64_t> digests() const override { return digests_; }
+  void recompute_digests() override;
+  void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
+                   std::span<const uint64_t> digests, uint64_t version) override;
+  uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) override;
+
+ private:
+  std::vector<TensorMeta> meta_;
+  std::vector<TensorRef> targets_;
+  engine::SyncEngine& engine_;
+  std::optional<uint64_t> version_;
+  std::vector<uint64_t> digests_;
+};
+
+// A HostModel (CPU twin): an empty model takes its tensors from the first anchor; version and
+// digests are the model's own fields, so a model loaded from a checkpoint starts where it is.
+class HostModelReceiver final : public Receiver {
+ public:
+  explicit HostModelReceiver(HostModel& model) : model_(model) {}
+
+  std::vector<TensorMeta> tensors() const override { return model_.tensors; }
+  std::optional<uint64_t> version() const override { return model_.version; }
+  std::vector<uint64_t> digests() const override;
+  void recompute_digests() override { model_.compute_digests(); }
+  void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
+                   std::span<const uint64_t> digests, uint64_t version) override;
+  uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) override;
+
+ private:
+  HostModel& model_;
+  engine::CpuSyncEngine engine_;
+};
+
+}  // namespace deltasync
