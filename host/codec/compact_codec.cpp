@@ -24,7 +24,7 @@ void run_tasks(size_t n, const Options& options, const std::function<void(size_t
 
 void check_block_elements(const Options& options) {
   if (options.block_elements == 0 || options.block_elements > (1u << 24))
-    throw Error("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
+    throw BadInputError("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
 }
 
 }  // namespace
@@ -33,14 +33,14 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
                                   const Options& options) {
   check_block_elements(options);
   if (delta.num_tensors() != tensors.size())
-    throw Error("compact: delta has " + std::to_string(delta.num_tensors()) + " tensors, model has " +
+    throw BadInputError("compact: delta has " + std::to_string(delta.num_tensors()) + " tensors, model has " +
                 std::to_string(tensors.size()));
   if (tensors.empty()) return {};
   if (delta.value_offsets.size() != delta.offsets.size() || delta.values.size() != delta.value_offsets.back() ||
       delta.indices.size() != delta.total_changed())
-    throw Error("compact: delta arrays do not match their offsets");
+    throw BadInputError("compact: delta arrays do not match their offsets");
   if (delta.total_changed() > 0 && delta.base_values.size() != delta.values.size())
-    throw Error("compact: delta lacks the base values the compact format encodes against");
+    throw BadInputError("compact: delta lacks the base values the compact format encodes against");
 
   struct Task {
     size_t tensor;
@@ -55,9 +55,9 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
     const uint32_t width = tensors[t].width();
     if (n == 0) continue;
     if (width != 1 && width != 2 && width != 4)
-      throw Error("compact: tensor " + tensors[t].name + ": unsupported element width " + std::to_string(width));
+      throw BadInputError("compact: tensor " + tensors[t].name + ": unsupported element width " + std::to_string(width));
     if (delta.value_offsets[t + 1] - delta.value_offsets[t] != n * width)
-      throw Error("compact: tensor " + tensors[t].name + ": value bytes do not match " + std::to_string(n) +
+      throw BadInputError("compact: tensor " + tensors[t].name + ": value bytes do not match " + std::to_string(n) +
                   " changes of width " + std::to_string(width));
     for (uint64_t first = 0; first < n; first += options.block_elements)
       tasks.push_back({t, first, static_cast<uint32_t>(std::min<uint64_t>(options.block_elements, n - first))});
@@ -105,12 +105,12 @@ std::vector<ParsedBlockIndex> parse_encoded_tensors(std::span<const EncodedTenso
                                                     std::span<const TensorMeta> base_meta,
                                                     std::span<const ConstTensorRef> base, const std::string& label) {
   if (base.size() != base_meta.size())
-    throw Error(label + ": " + std::to_string(base.size()) + " base tensors for " + std::to_string(base_meta.size()) +
+    throw BadInputError(label + ": " + std::to_string(base.size()) + " base tensors for " + std::to_string(base_meta.size()) +
                 " descriptions");
   std::unordered_map<std::string_view, size_t> by_name;
   for (size_t t = 0; t < base_meta.size(); ++t) {
     if (base[t].numel != base_meta[t].numel() || base[t].width != base_meta[t].width())
-      throw Error(label + ": base tensor " + base_meta[t].name + " does not match its description");
+      throw BadInputError(label + ": base tensor " + base_meta[t].name + " does not match its description");
     by_name.emplace(base_meta[t].name, t);
   }
 
@@ -120,13 +120,13 @@ std::vector<ParsedBlockIndex> parse_encoded_tensors(std::span<const EncodedTenso
   for (const EncodedTensorView& e : encoded) {
     const std::string where = label + ": tensor " + std::string(e.name);
     const auto it = by_name.find(e.name);
-    if (it == by_name.end()) throw Error(where + " is not in the base model");
+    if (it == by_name.end()) throw BadInputError(where + " is not in the base model");
     const size_t t = it->second;
-    if (seen[t]) throw Error(where + " appears twice");
+    if (seen[t]) throw BadInputError(where + " appears twice");
     seen[t] = true;
     const uint32_t width = base_meta[t].width();
     if (width != 1 && width != 2 && width != 4)
-      throw Error(where + ": unsupported element width " + std::to_string(width));
+      throw BadInputError(where + ": unsupported element width " + std::to_string(width));
     parsed.push_back(parse_block_index(e.block_index, e.payload, t, base_meta[t].numel(), where));
   }
 
@@ -185,7 +185,7 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
                            static_cast<const uint8_t*>(base[t].data), base[t].numel, width, s.indices.data() + at,
                            s.values.data() + byte_at, s.base_values.data() + byte_at);
     } catch (const BlockError& e) {
-      throw Error(label + ": tensor " + base_meta[t].name + ": block " + std::to_string(task.block) + ": " + e.what());
+      throw BadInputError(label + ": tensor " + base_meta[t].name + ": block " + std::to_string(task.block) + ": " + e.what());
     }
   });
 
@@ -195,7 +195,7 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     const size_t t = parsed[task.parsed].base_index;
     const uint64_t at = s.offsets[t] + task.first;
     if (s.indices[at] <= s.indices[at - 1])
-      throw Error(label + ": tensor " + base_meta[t].name + ": block " + std::to_string(task.block) +
+      throw BadInputError(label + ": tensor " + base_meta[t].name + ": block " + std::to_string(task.block) +
                   " starts at position " + std::to_string(s.indices[at]) + ", not after the previous block's last (" +
                   std::to_string(s.indices[at - 1]) + ")");
   }

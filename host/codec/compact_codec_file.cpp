@@ -34,11 +34,11 @@ Container build(std::span<const TensorMeta> tensors, const DeltaView& delta, con
 
 uint64_t parse_u64(const st::File& file, const std::string& key, const std::string& text) {
   if (text.empty() || text.size() > 20 || text.find_first_not_of("0123456789") != std::string::npos)
-    throw Error(file.label() + ": metadata " + key + " is not a non-negative integer: '" + text + "'");
+    throw BadInputError(file.label() + ": metadata " + key + " is not a non-negative integer: '" + text + "'");
   try {
     return std::stoull(text);
   } catch (const std::exception&) {
-    throw Error(file.label() + ": metadata " + key + " is out of range: '" + text + "'");
+    throw BadInputError(file.label() + ": metadata " + key + " is out of range: '" + text + "'");
   }
 }
 
@@ -67,18 +67,18 @@ namespace {
 void check_encoded_match(const std::string& label, std::span<const TensorMeta> tensors, const DeltaView& delta,
                          const std::vector<EncodedTensor>& encoded) {
   if (delta.num_tensors() != tensors.size())
-    throw Error(label + ": delta has " + std::to_string(delta.num_tensors()) + " tensors, model has " +
+    throw BadInputError(label + ": delta has " + std::to_string(delta.num_tensors()) + " tensors, model has " +
                 std::to_string(tensors.size()));
   size_t next = 0;
   for (size_t t = 0; t < tensors.size(); ++t) {
     if (delta.count(t) == 0) continue;
     if (next == encoded.size() || encoded[next].name != tensors[t].name || encoded[next].changed != delta.count(t))
-      throw Error(label + ": tensor " + tensors[t].name + ": the encoded tensors do not match the delta's " +
+      throw BadInputError(label + ": tensor " + tensors[t].name + ": the encoded tensors do not match the delta's " +
                   std::to_string(delta.count(t)) + " changes");
     ++next;
   }
   if (next != encoded.size())
-    throw Error(label + ": encoded tensor " + encoded[next].name + " has no changes in the delta");
+    throw BadInputError(label + ": encoded tensor " + encoded[next].name + " has no changes in the delta");
 }
 
 }  // namespace
@@ -108,10 +108,10 @@ std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const
                                            const Options& options) {
   const std::string& label = file.label();
   const st::Metadata& md = file.metadata();
-  if (!is_compact_delta(file)) throw Error(label + ": not a compact delta (metadata format is not \"compact\")");
+  if (!is_compact_delta(file)) throw BadInputError(label + ": not a compact delta (metadata format is not \"compact\")");
   const auto version = md.find("compact_version");
   if (version == md.end() || version->second != std::to_string(kFormatVersion))
-    throw Error(label + ": unsupported compact_version '" + (version == md.end() ? "" : version->second) +
+    throw BadInputError(label + ": unsupported compact_version '" + (version == md.end() ? "" : version->second) +
                 "' (this build reads " + std::to_string(kFormatVersion) + ")");
 
   out.info = delta_info(md, label);
@@ -121,19 +121,19 @@ std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const
   std::vector<std::string> names;
   for (const st::TensorInfo& t : file.tensors()) {
     if (t.dtype != DType::U8 || t.shape.size() != 1)
-      throw Error(label + ": tensor " + t.name + " is not a 1-D U8 tensor");
+      throw BadInputError(label + ": tensor " + t.name + " is not a 1-D U8 tensor");
     if (ends_with(t.name, kDataSuffix)) {
       const std::string name = t.name.substr(0, t.name.size() - kDataSuffix.size());
       if (!file.find(name + std::string(kIndexSuffix)))
-        throw Error(label + ": tensor " + t.name + " has no " + name + std::string(kIndexSuffix));
+        throw BadInputError(label + ": tensor " + t.name + " has no " + name + std::string(kIndexSuffix));
       continue;
     }
     if (!ends_with(t.name, kIndexSuffix))
-      throw Error(label + ": tensor " + t.name + " is neither a " + std::string(kIndexSuffix) + " nor a " +
+      throw BadInputError(label + ": tensor " + t.name + " is neither a " + std::string(kIndexSuffix) + " nor a " +
                   std::string(kDataSuffix) + " tensor");
     names.push_back(t.name.substr(0, t.name.size() - kIndexSuffix.size()));
     const st::TensorInfo* data = file.find(names.back() + std::string(kDataSuffix));
-    if (!data) throw Error(label + ": tensor " + t.name + " has no " + names.back() + std::string(kDataSuffix));
+    if (!data) throw BadInputError(label + ": tensor " + t.name + " has no " + names.back() + std::string(kDataSuffix));
     views.push_back({{}, file.bytes(t), file.bytes(*data)});
   }
   for (size_t i = 0; i < views.size(); ++i) views[i].name = names[i];
@@ -142,13 +142,13 @@ std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const
   const auto shapes_it = md.find("tensor_shapes");
   if (shapes_it != md.end()) {
     const nlohmann::json shapes = nlohmann::json::parse(shapes_it->second, nullptr, false);
-    if (!shapes.is_object()) throw Error(label + ": metadata tensor_shapes is not a JSON object");
+    if (!shapes.is_object()) throw BadInputError(label + ": metadata tensor_shapes is not a JSON object");
     for (const TensorMeta& m : base_meta) {
       const auto it = shapes.find(m.name);
       if (it == shapes.end()) continue;
       const nlohmann::json expected{{"dtype", std::string(dtype_name(m.dtype))}, {"shape", m.shape}};
       if (*it != expected)
-        throw Error(label + ": tensor " + m.name + " is recorded as " + it->dump() + ", the base has " +
+        throw BadInputError(label + ": tensor " + m.name + " is recorded as " + it->dump() + ", the base has " +
                     expected.dump());
     }
   }
@@ -159,7 +159,7 @@ std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const
   if (total_it != md.end()) {
     const uint64_t recorded = parse_u64(file, "total_changed_elements", total_it->second);
     if (recorded != out.storage.offsets.back())
-      throw Error(label + ": metadata total_changed_elements is " + total_it->second + ", the blocks hold " +
+      throw BadInputError(label + ": metadata total_changed_elements is " + total_it->second + ", the blocks hold " +
                   std::to_string(out.storage.offsets.back()));
   }
   return out.patches(base_meta);

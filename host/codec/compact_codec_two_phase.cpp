@@ -22,7 +22,7 @@ const uint8_t* zero_region(uint64_t bytes) {
   if (bytes > region_bytes) {
     // Grown regions are never unmapped: a concurrent decoder may still read the old one.
     void* grown = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (grown == MAP_FAILED) throw Error("compact: cannot reserve " + std::to_string(bytes) + " bytes of address space");
+    if (grown == MAP_FAILED) throw BadInputError("compact: cannot reserve " + std::to_string(bytes) + " bytes of address space");
     region = grown;
     region_bytes = bytes;
   }
@@ -58,10 +58,10 @@ std::vector<PatchRef> decode_compact_delta_unbased(const st::File& file, std::sp
 void rebase_values(std::span<const uint8_t> unbased, std::span<const uint8_t> base_bits, uint32_t width,
                    std::span<uint8_t> new_bits) {
   if (unbased.size() != base_bits.size() || unbased.size() != new_bits.size())
-    throw Error("compact: rebase_values: " + std::to_string(unbased.size()) + " unbased bytes, " +
+    throw BadInputError("compact: rebase_values: " + std::to_string(unbased.size()) + " unbased bytes, " +
                 std::to_string(base_bits.size()) + " base bytes, " + std::to_string(new_bits.size()) + " output bytes");
   if ((width != 1 && width != 2 && width != 4) || unbased.size() % width != 0)
-    throw Error("compact: rebase_values: width " + std::to_string(width) + " does not fit " +
+    throw BadInputError("compact: rebase_values: width " + std::to_string(width) + " does not fit " +
                 std::to_string(unbased.size()) + " bytes");
   const size_t n = unbased.size() / width;
   switch (width) {

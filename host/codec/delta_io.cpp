@@ -7,7 +7,7 @@ namespace deltasync {
 DeltaFormat parse_delta_format(std::string_view name) {
   if (name == "trl") return DeltaFormat::Trl;
   if (name == "compact") return DeltaFormat::Compact;
-  throw Error("unknown delta format '" + std::string(name) + "' (choose trl or compact)");
+  throw BadInputError("unknown delta format '" + std::string(name) + "' (choose trl or compact)");
 }
 
 std::string_view delta_format_name(DeltaFormat format) { return format == DeltaFormat::Trl ? "trl" : "compact"; }
@@ -42,7 +42,7 @@ void resolve_delta(const st::File& file, std::span<const TensorMeta> base_meta, 
   }
   out.format = DeltaFormat::Trl;
   ParsedDelta parsed = parse_trl_delta(file);
-  if (!parsed.sparse) throw Error(file.label() + ": is an anchor (sparse=\"False\"), not a delta");
+  if (!parsed.sparse) throw BadInputError(file.label() + ": is an anchor (sparse=\"False\"), not a delta");
   out.patches = resolve_patches(parsed, base_meta, file.label());
   out.info = std::move(parsed.info);
   for (const auto& e : parsed.entries) out.changed_names.push_back(e.name);

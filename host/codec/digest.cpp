@@ -26,7 +26,7 @@ static_assert(kBlockElements % kChunkElements == 0);
 
 void check_width(uint32_t width, std::string_view name) {
   if (width != 1 && width != 2 && width != 4)
-    throw Error("digest: tensor " + std::string(name) + " has " + std::to_string(width) +
+    throw BadInputError("digest: tensor " + std::string(name) + " has " + std::to_string(width) +
                 "-byte elements; digests cover 1-, 2- and 4-byte elements");
 }
 
@@ -188,7 +188,7 @@ uint64_t scattered_sum(uint32_t width, uint64_t count, const void* indices, uint
 
 void check_index_width(uint32_t index_width) {
   if (index_width != 4 && index_width != 8)
-    throw Error("digest: patch index width " + std::to_string(index_width) + " (want 4 or 8)");
+    throw BadInputError("digest: patch index width " + std::to_string(index_width) + " (want 4 or 8)");
 }
 
 int hex_value(char c) {
@@ -212,7 +212,7 @@ std::vector<uint64_t> digest_tensors(std::span<const ConstTensorRef> tensors) {
   for (size_t t = 0; t < tensors.size(); ++t) {
     const auto& x = tensors[t];
     check_width(x.width, x.name);
-    if (x.numel > 0 && x.data == nullptr) throw Error("digest: tensor " + std::string(x.name) + " has no data");
+    if (x.numel > 0 && x.data == nullptr) throw BadInputError("digest: tensor " + std::string(x.name) + " has no data");
     task_begin[t + 1] = task_begin[t] + (x.numel + kChunkElements - 1) / kChunkElements;
   }
   std::vector<uint64_t> partial(task_begin.back(), 0);
@@ -268,7 +268,7 @@ uint64_t digest_update(uint64_t digest, const PatchRef& patch, const void* old_b
 }
 
 std::vector<uint64_t> digest_shifts(std::span<const PatchRef> patches, std::span<const void* const> old_bits) {
-  if (old_bits.size() != patches.size()) throw Error("digest: digest_shifts needs one old-bits buffer per patch");
+  if (old_bits.size() != patches.size()) throw BadInputError("digest: digest_shifts needs one old-bits buffer per patch");
   // Same chunking as digest_tensors, over changed elements instead of all elements.
   std::vector<uint64_t> task_begin(patches.size() + 1, 0);
   for (size_t t = 0; t < patches.size(); ++t) {
@@ -309,7 +309,7 @@ uint64_t digest_from_hex(std::string_view text, std::string_view label) {
     ok = v >= 0;
     value = value << 4 | static_cast<uint64_t>(v & 15);
   }
-  if (!ok) throw Error(std::string(label) + ": bad digest '" + std::string(text.substr(0, 40)) + "' (want 16 lowercase hex digits)");
+  if (!ok) throw BadInputError(std::string(label) + ": bad digest '" + std::string(text.substr(0, 40)) + "' (want 16 lowercase hex digits)");
   return value;
 }
 

@@ -21,7 +21,7 @@ using nlohmann::json;
 // Changed elements per parallel task when saving old bits and hashing what was written.
 constexpr uint64_t kChunkElements = uint64_t{1} << 18;
 
-[[noreturn]] void fail(const std::string& label, const std::string& reason) { throw Error(label + ": " + reason); }
+[[noreturn]] void fail(const std::string& label, const std::string& reason) { throw BadInputError(label + ": " + reason); }
 
 std::string version_text(std::optional<uint64_t> v) { return v ? std::to_string(*v) : std::string("unknown"); }
 
@@ -158,12 +158,14 @@ void check_base(const DeltaDigests& expected, std::optional<uint64_t> current_ve
   const std::string delta = "delta " + std::to_string(expected.model_version);
   if (expected.base_version && current_version && *expected.base_version != *current_version)
     throw Error(delta + " expects base version " + std::to_string(*expected.base_version) + ", found version " +
-                std::to_string(*current_version));
+                    std::to_string(*current_version),
+                ErrorKind::kWrongBase);
   for (const auto& [name, want] : expected.base) {
     const std::optional<uint64_t> have = current_digest(name);
     if (have && *have == want) continue;
     throw Error(delta + " expects base version " + version_text(expected.base_version) + " digest " + digest_to_hex(want) +
-                " for tensor " + name + ", found " + (have ? digest_to_hex(*have) : std::string("no such tensor")));
+                    " for tensor " + name + ", found " + (have ? digest_to_hex(*have) : std::string("no such tensor")),
+                ErrorKind::kWrongBase);
   }
 }
 
@@ -180,8 +182,9 @@ void check_result(const DeltaDigests& expected, const DigestMap& actual) {
     const auto it = actual.find(name);
     if (it != actual.end() && it->second == want) continue;
     throw Error("delta " + std::to_string(expected.model_version) + " result digest mismatch for tensor " + name +
-                ": expected " + digest_to_hex(want) + ", got " +
-                (it == actual.end() ? std::string("nothing (tensor not applied)") : digest_to_hex(it->second)));
+                    ": expected " + digest_to_hex(want) + ", got " +
+                    (it == actual.end() ? std::string("nothing (tensor not applied)") : digest_to_hex(it->second)),
+                ErrorKind::kIntegrity);
   }
 }
 
@@ -301,7 +304,7 @@ ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const P
     return finish_verified(targets, patches, expected, current_digests, by_name, chunks, saved);
   } catch (const Error& e) {
     cpu::apply(targets, restore);
-    throw Error(std::string(e.what()) + "; weights restored to their state before the delta");
+    throw Error(std::string(e.what()) + "; weights restored to their state before the delta", e.kind());
   } catch (...) {
     cpu::apply(targets, restore);
     throw;

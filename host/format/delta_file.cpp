@@ -43,7 +43,7 @@ bool is_one_of(std::string_view key, std::span<const std::string_view> keys) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
-[[noreturn]] void fail(const std::string& label, const std::string& reason) { throw Error(label + ": " + reason); }
+[[noreturn]] void fail(const std::string& label, const std::string& reason) { throw BadInputError(label + ": " + reason); }
 
 
 std::optional<uint64_t> parse_decimal(std::string_view text) {
@@ -171,7 +171,7 @@ std::span<const uint8_t> as_bytes_span(std::span<const T> values) {
 uint64_t TensorMeta::numel() const {
   uint64_t n = 1;
   for (uint64_t dim : shape) {
-    if (__builtin_mul_overflow(n, dim, &n)) throw Error("tensor " + name + ": shape " + st::shape_text(shape) +
+    if (__builtin_mul_overflow(n, dim, &n)) throw BadInputError("tensor " + name + ": shape " + st::shape_text(shape) +
                                                         " has more than 2^64 elements");
   }
   return n;

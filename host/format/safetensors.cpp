@@ -37,7 +37,7 @@ using Json = nlohmann::ordered_json;
 
 constexpr std::string_view kMetadataKey = "__metadata__";
 
-[[noreturn]] void fail(const std::string& label, const std::string& reason) { throw Error(label + ": " + reason); }
+[[noreturn]] void fail(const std::string& label, const std::string& reason) { throw BadInputError(label + ": " + reason); }
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -293,7 +293,7 @@ std::string shape_text(std::span<const uint64_t> shape) {
 
 uint64_t TensorInfo::numel() const {
   const auto n = shape_numel(shape);
-  if (!n) throw Error("tensor " + name + ": shape " + shape_text(shape) + " has more than 2^64 elements");
+  if (!n) throw BadInputError("tensor " + name + ": shape " + shape_text(shape) + " has more than 2^64 elements");
   return *n;
 }
 
@@ -375,12 +375,12 @@ std::string header_block(std::span<const WriteTensor> tensors, const Metadata& m
   std::set<std::string_view> seen;
   uint64_t offset = 0;
   for (const WriteTensor& t : tensors) {
-    if (t.name == kMetadataKey) throw Error("cannot write a tensor named __metadata__");
-    if (!seen.insert(t.name).second) throw Error("cannot write tensor \"" + t.name + "\" twice");
+    if (t.name == kMetadataKey) throw BadInputError("cannot write a tensor named __metadata__");
+    if (!seen.insert(t.name).second) throw BadInputError("cannot write tensor \"" + t.name + "\" twice");
     const auto numel = shape_numel(t.shape);
     const auto expected = numel ? checked_mul(*numel, dtype_width(t.dtype)) : std::nullopt;
     if (!expected || *expected != t.bytes.size()) {
-      throw Error("tensor \"" + t.name + "\": " + std::to_string(t.bytes.size()) + " bytes given but " +
+      throw BadInputError("tensor \"" + t.name + "\": " + std::to_string(t.bytes.size()) + " bytes given but " +
                   std::string(dtype_name(t.dtype)) + " " + shape_text(t.shape) + " needs " +
                   (expected ? std::to_string(*expected) : std::string("more than 2^64")));
     }
@@ -391,11 +391,11 @@ std::string header_block(std::span<const WriteTensor> tensors, const Metadata& m
   try {
     text = header.dump();
   } catch (const nlohmann::json::exception& e) {
-    throw Error(std::string("tensor name or metadata is not valid UTF-8 (") + e.what() + ")");
+    throw BadInputError(std::string("tensor name or metadata is not valid UTF-8 (") + e.what() + ")");
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   if (text.size() > kMaxHeaderBytes) {
-    throw Error("header of " + std::to_string(text.size()) + " bytes exceeds the limit of " +
+    throw BadInputError("header of " + std::to_string(text.size()) + " bytes exceeds the limit of " +
                 std::to_string(kMaxHeaderBytes));
   }
   const uint64_t length = text.size();

@@ -326,7 +326,14 @@ Response perform_with_retries(Request request, const StoreOptions& options, cons
     return response;
   }
   throw Error(label + ": " + request.method + " failed after " + std::to_string(attempts) +
-              (attempts == 1 ? " attempt: " : " attempts: ") + last_reason);
+                  (attempts == 1 ? " attempt: " : " attempts: ") + last_reason,
+              ErrorKind::kStoreUnavailable);
+}
+
+ErrorKind failure_kind(long status) {
+  if (status == 401 || status == 403) return ErrorKind::kCredentials;
+  if (status >= 500) return ErrorKind::kStoreUnavailable;
+  return ErrorKind::kGeneral;
 }
 
 void run_parallel(size_t n, unsigned parallelism, const std::function<void(size_t)>& job) {

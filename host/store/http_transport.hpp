@@ -42,8 +42,12 @@ struct Response {
 // A failure below HTTP (connect, timeout, connection dropped mid-body, TLS).
 class TransportError : public Error {
  public:
-  explicit TransportError(const std::string& what) : Error(what) {}
+  explicit TransportError(const std::string& what) : Error(what, ErrorKind::kStoreUnavailable) {}
 };
+
+// What a final non-success HTTP status means to a caller: refused credentials (401, 403), a
+// store that is down (5xx), or anything else.
+ErrorKind failure_kind(long status);
 
 // One exchange; redirects are NOT followed here. Throws TransportError.
 Response perform(const Request& request, const StoreOptions& options);

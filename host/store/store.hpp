@@ -23,7 +23,7 @@ namespace deltasync {
 // handle, e.g. a version deleted by retention while a reader was planning).
 class NotFoundError : public Error {
  public:
-  explicit NotFoundError(const std::string& what) : Error(what) {}
+  explicit NotFoundError(const std::string& what) : Error(what, ErrorKind::kNotFound) {}
 };
 
 struct ObjectInfo {

@@ -87,7 +87,7 @@ class HttpStore final : public Store {
   }
 
   std::vector<ObjectInfo> list(const std::string& prefix) override {
-    throw Error(describe(prefix) + ": listing is not supported by the http(s) store (use file:// or s3://)");
+    throw Error(describe(prefix) + ": listing is not supported by the http(s) store (use file:// or s3://)", ErrorKind::kUnsupported);
   }
 
   void remove(const std::string& key) override {
@@ -113,7 +113,7 @@ class HttpStore final : public Store {
   }
 
   [[noreturn]] void fail(const std::string& verb, const std::string& key, const http::Response& r) const {
-    throw Error(describe(key) + ": " + verb + " failed: " + scrub(http::describe_failure(r)));
+    throw Error(describe(key) + ": " + verb + " failed: " + scrub(http::describe_failure(r)), http::failure_kind(r.status));
   }
 
   // Error pages may echo the request ("Cannot PUT /obj?sig=..."): the secrets are cut out of

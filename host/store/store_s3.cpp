@@ -124,7 +124,7 @@ class S3Store final : public Store {
     signing_.access_key = env("AWS_ACCESS_KEY_ID");
     signing_.secret_key = env("AWS_SECRET_ACCESS_KEY");
     if (signing_.access_key.empty() || signing_.secret_key.empty())
-      throw Error(url_ + ": AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set");
+      throw Error(url_ + ": AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set", ErrorKind::kCredentials);
     session_token_ = env("AWS_SESSION_TOKEN");
   }
 
@@ -257,7 +257,7 @@ class S3Store final : public Store {
     std::string hint;
     if (r.status == 403) hint = " (check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and AWS_REGION)";
     if (r.status == 301) hint = " (the bucket lives in another region: set AWS_REGION, or AWS_ENDPOINT_URL)";
-    throw Error(describe(key) + ": " + verb + " failed: " + http::describe_failure(r) + hint);
+    throw Error(describe(key) + ": " + verb + " failed: " + http::describe_failure(r) + hint, http::failure_kind(r.status));
   }
 
   std::vector<uint8_t> range_get(const std::string& key, uint64_t offset, uint64_t length, const std::string& etag) {

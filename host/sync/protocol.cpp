@@ -46,7 +46,7 @@ std::optional<uint64_t> version_of_object_key(const std::string& key) {
 
 json object_json(const ObjectRef& o) { return json{{"key", o.key}, {"size", o.size}, {"sha256", o.sha256}}; }
 
-[[noreturn]] void bad(const std::string& label, const std::string& why) { throw Error(label + ": " + why); }
+[[noreturn]] void bad(const std::string& label, const std::string& why) { throw BadInputError(label + ": " + why); }
 
 const json& field(const json& j, const char* name, const std::string& label) {
   auto it = j.find(name);
@@ -108,8 +108,8 @@ uint64_t Manifest::anchor_bytes() const {
 
 void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const std::string& label) {
   if (bytes.size() != ref.size)
-    throw Error(label + ": size " + std::to_string(bytes.size()) + " differs from the manifest's " + std::to_string(ref.size));
-  if (sha256_hex(bytes) != ref.sha256) throw Error(label + ": sha256 differs from the manifest's (corrupt object)");
+    throw BadInputError(label + ": size " + std::to_string(bytes.size()) + " differs from the manifest's " + std::to_string(ref.size));
+  if (sha256_hex(bytes) != ref.sha256) throw BadInputError(label + ": sha256 differs from the manifest's (corrupt object)");
 }
 
 std::string to_json(const Manifest& m) {
@@ -184,7 +184,7 @@ Manifest manifest_from_json(std::string_view text, const std::string& label) {
 std::optional<uint64_t> parse_latest(std::string_view text, const std::string& label) {
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.remove_suffix(1);
   const auto version = parse_version_digits(text);
-  if (!version) throw Error(label + ": malformed LATEST pointer");
+  if (!version) throw BadInputError(label + ": malformed LATEST pointer");
   return version;
 }
 
@@ -241,7 +241,7 @@ const Manifest* Catalog::find(uint64_t version) {
   }
   Manifest m = manifest_from_json(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
                                   store_.describe(manifest_key(version)));
-  if (m.version != version) throw Error(store_.describe(manifest_key(version)) + ": manifest names version " + std::to_string(m.version));
+  if (m.version != version) throw BadInputError(store_.describe(manifest_key(version)) + ": manifest names version " + std::to_string(m.version));
   return &cache_.emplace(version, std::move(m)).first->second;
 }
 

@@ -97,7 +97,7 @@ std::optional<uint64_t> Subscriber::poll() {
     auto versions = catalog_.refresh();
     if (!versions.empty()) return versions.back();
   } catch (const Error& e) {
-    if (std::string(e.what()).find("listing is not supported") == std::string::npos) throw;
+    if (e.kind() != ErrorKind::kUnsupported) throw;
     can_list_ = false;
   }
   return std::nullopt;
@@ -215,12 +215,14 @@ SyncReport Subscriber::sync(Receiver& weights, std::optional<uint64_t> target) {
       }
     }
     auto again = protocol::plan_catch_up(catalog_, std::nullopt, *target, /*allow_current=*/false);
-    if (!again) throw Error(std::string(first.what()) + "; and no anchor to recover from");
+    if (!again) throw Error(std::string(first.what()) + "; and no anchor to recover from", first.kind());
     try {
       execute(*again, weights, report);
     } catch (const Error& second) {
+      // The kind of the failure that ended the sync: what the caller can act on.
       throw Error(std::string(first.what()) + "; recovery from anchor " + std::to_string(*again->anchor_version) +
-                  " failed too: " + second.what());
+                      " failed too: " + second.what(),
+                  second.kind());
     }
     report.plan = *again;
   }

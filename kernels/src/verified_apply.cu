@@ -162,7 +162,7 @@ integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets
     integrity::check_result(expected, actual);
   } catch (const Error& e) {
     s.applier.apply_checked(targets, restore, stream);  // synchronizes
-    throw Error(std::string(e.what()) + "; weights restored to their state before the delta");
+    throw Error(std::string(e.what()) + "; weights restored to their state before the delta", e.kind());
   }
   std::copy(result.begin(), result.end(), current_digests.begin());
   return report;
