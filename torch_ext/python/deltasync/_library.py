@@ -1,4 +1,5 @@
-"""Loads the native operator library (torch.ops.deltasync) once per process.
+"""Loads the native library once per process: the extension module `_deltasync_ops`, which
+registers torch.ops.deltasync when it loads and binds the C++ Publisher and Subscriber.
 
 Where it is looked for, first hit wins:
   1. $DELTASYNC_OPS_LIBRARY (a path to _deltasync_ops.so, e.g. in a CMake build tree);
@@ -6,12 +7,16 @@ Where it is looked for, first hit wins:
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
-import torch
+import torch  # noqa: F401  (torch's libraries must be loaded before ours)
 
 _LIBRARY_NAME = "_deltasync_ops.so"
+_MODULE_NAME = "deltasync._deltasync_ops"
+_module = None
 _loaded_from: str | None = None
 
 
@@ -22,18 +27,27 @@ def library_path() -> Path:
     return Path(__file__).with_name(_LIBRARY_NAME)
 
 
-def load() -> str:
-    """Loads the library if needed and returns the path it was loaded from."""
-    global _loaded_from
-    if _loaded_from is None:
+def native():
+    """The native module (loading it registers torch.ops.deltasync)."""
+    global _module, _loaded_from
+    if _module is None:
         path = library_path()
         if not path.is_file():
             raise ImportError(
-                f"deltasync: native operators not found at {path}; build them (pip install "
+                f"deltasync: native library not found at {path}; build it (pip install "
                 f"--no-build-isolation . from the repository root) or set DELTASYNC_OPS_LIBRARY"
             )
-        torch.ops.load_library(str(path))
-        _loaded_from = str(path)
+        spec = importlib.util.spec_from_file_location(_MODULE_NAME, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_MODULE_NAME] = module
+        spec.loader.exec_module(module)
+        _module, _loaded_from = module, str(path)
+    return _module
+
+
+def load() -> str:
+    """Loads the library if needed and returns the path it was loaded from."""
+    native()
     return _loaded_from
 
 

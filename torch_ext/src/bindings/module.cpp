@@ -1,0 +1,11 @@
+#include "bindings/module.hpp"
+
+#include "engine/select.hpp"
+
+PYBIND11_MODULE(_deltasync_ops, m) {
+  m.doc() = "deltasync native library: torch.ops.deltasync and the sync engine's Publisher/Subscriber";
+  deltasync::torch_ext::bind_errors(m);
+  deltasync::torch_ext::bind_publisher(m);
+  deltasync::torch_ext::bind_subscriber(m);
+  m.def("cuda_available", &deltasync::engine::cuda_available, "True when the CUDA engine is built and a device can be used.");
+}

@@ -1,0 +1,177 @@
+// Binding of deltasync::Publisher: the Python DeltaPublisher passes its parameters and options,
+// the C++ publisher does the rest (diff where the tensors live, staging, background upload,
+// merging, anchors, retention). The GIL is released around every call that waits or works.
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include "bindings/log_callback.hpp"
+#include "bindings/module.hpp"
+#include "bindings/tensor_set.hpp"
+#include "core/error.hpp"
+#include "store/store.hpp"
+#include "sync/publisher.hpp"
+
+namespace py = pybind11;
+
+namespace deltasync::torch_ext {
+namespace {
+
+py::dict stats_dict(const VersionStats& s) {
+  py::dict d;
+  d["version"] = s.version;
+  d["base_version"] = s.base_version ? py::object(py::int_(*s.base_version)) : py::none();
+  d["anchor"] = s.anchor;
+  d["visible"] = s.visible;
+  d["merged_versions"] = s.merged_versions;
+  d["merged_into"] = s.merged_into ? py::object(py::int_(*s.merged_into)) : py::none();
+  d["changed_elements"] = s.changed_elements;
+  d["delta_bytes"] = s.delta_bytes;
+  d["anchor_bytes"] = s.anchor_bytes;
+  d["stage_seconds"] = s.stage_seconds;
+  d["encode_seconds"] = s.encode_seconds;
+  d["upload_seconds"] = s.upload_seconds;
+  d["visible_seconds"] = s.visible_seconds;
+  d["host_to_device_bytes"] = s.transfer.host_to_device_bytes;
+  d["device_to_host_bytes"] = s.transfer.device_to_host_bytes;
+  d["host_syncs"] = s.transfer.host_syncs;
+  d["coded_on_device"] = s.coded_on_device;
+  return d;
+}
+
+PublisherOptions options_from(const py::dict& given, bool& low_memory) {
+  PublisherOptions o;
+  low_memory = false;
+  for (auto [key, value] : given) {
+    const std::string k = py::cast<std::string>(key);
+    if (value.is_none()) continue;  // None: the C++ default
+    if (k == "anchor_every") o.anchor_every = py::cast<uint64_t>(value);
+    else if (k == "anchor_share") o.anchor_share = py::cast<double>(value);
+    else if (k == "max_pending") o.max_pending = py::cast<size_t>(value);
+    else if (k == "anchor_part_bytes") o.anchor_part_bytes = py::cast<uint64_t>(value);
+    else if (k == "parallel_uploads") o.parallel_uploads = py::cast<unsigned>(value);
+    else if (k == "keep_anchors") o.keep_anchors = py::cast<size_t>(value);
+    else if (k == "format") o.delta_format = py::cast<std::string>(value);
+    else if (k == "low_memory") low_memory = py::cast<bool>(value);
+    else throw Error("deltasync.DeltaPublisher: unknown option '" + k + "'");
+  }
+  if (o.anchor_part_bytes == 0) throw Error("deltasync.DeltaPublisher: anchor_part_bytes must be positive");
+  return o;
+}
+
+class PublisherBinding {
+ public:
+  PublisherBinding(const std::string& store_url, const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors,
+                   const py::dict& options, py::object log)
+      : layout_(tensor_set(names, tensors, "deltasync.DeltaPublisher")) {
+    bool low_memory = false;
+    PublisherOptions o = options_from(options, low_memory);
+    o.log = log_callback(std::move(log));
+    engine::EngineOptions eo;
+    eo.shadow = low_memory ? engine::ShadowKind::kLowByte : engine::ShadowKind::kFull;
+    std::shared_ptr<Store> store = open_store(store_url);
+    publisher_ = std::make_unique<Publisher>(std::move(store), layout_.meta, engine_for(layout_, eo), std::move(o));
+  }
+  ~PublisherBinding() {
+    // Joining the upload thread may wait for a log callback that needs the GIL.
+    py::gil_scoped_release nogil;
+    publisher_.reset();
+  }
+
+  py::dict publish(uint64_t version, const std::vector<at::Tensor>& tensors, bool force_anchor) {
+    Publisher& p = live();
+    const TensorSet current = same_layout(layout_, tensors, "deltasync.DeltaPublisher.publish");
+    {
+      py::gil_scoped_release nogil;
+      use_current_stream(p.engine(), current);
+      p.publish(version, current.const_refs(), force_anchor);
+    }
+    return stats_dict(p.last_staged());
+  }
+
+  void flush() {
+    Publisher& p = live();
+    py::gil_scoped_release nogil;
+    p.flush();
+  }
+
+  void close() {
+    if (!publisher_) return;
+    py::gil_scoped_release nogil;
+    std::unique_ptr<Publisher> p = std::move(publisher_);
+    // What the publisher did stays readable after close (stats of the last versions).
+    auto keep = [&] {
+      closed_history_ = p->history();
+      closed_state_ = p->state();
+    };
+    try {
+      p->flush();
+    } catch (...) {
+      keep();
+      p.reset();  // stop the upload thread, then report
+      throw;
+    }
+    keep();
+  }
+
+  py::list history() const {
+    py::list out;
+    for (const auto& s : publisher_ ? publisher_->history() : closed_history_) out.append(stats_dict(s));
+    return out;
+  }
+
+  py::dict state() const {
+    const PublisherState s = publisher_ ? publisher_->state() : closed_state_;
+    py::dict d;
+    d["last_version"] = s.last_version ? py::object(py::int_(*s.last_version)) : py::none();
+    d["last_anchor_version"] = s.last_anchor_version ? py::object(py::int_(*s.last_anchor_version)) : py::none();
+    d["delta_bytes_since_anchor"] = s.delta_bytes_since_anchor;
+    return d;
+  }
+
+  std::string device() const { return std::string(engine::device_name(live().engine().device())); }
+  std::string format() const { return live().options().delta_format; }
+  bool low_memory() const { return live().engine().shadow_kind() == engine::ShadowKind::kLowByte; }
+
+ private:
+  Publisher& live() const {
+    if (!publisher_) throw Error("deltasync.DeltaPublisher: the publisher is closed");
+    return *publisher_;
+  }
+
+  TensorSet layout_;
+  std::unique_ptr<Publisher> publisher_;
+  std::vector<VersionStats> closed_history_;
+  PublisherState closed_state_;
+};
+
+py::dict publisher_defaults() {
+  const PublisherOptions o;
+  py::dict d;
+  d["anchor_every"] = o.anchor_every;
+  d["anchor_share"] = o.anchor_share;
+  d["max_pending"] = o.max_pending;
+  d["anchor_part_bytes"] = o.anchor_part_bytes;
+  d["parallel_uploads"] = o.parallel_uploads;
+  d["keep_anchors"] = o.keep_anchors;
+  d["format"] = o.delta_format;
+  return d;
+}
+
+}  // namespace
+
+void bind_publisher(py::module_& m) {
+  py::class_<PublisherBinding>(m, "Publisher")
+      .def(py::init<const std::string&, const std::vector<std::string>&, const std::vector<at::Tensor>&, const py::dict&, py::object>(),
+           py::arg("store"), py::arg("names"), py::arg("tensors"), py::arg("options"), py::arg("log") = py::none())
+      .def("publish", &PublisherBinding::publish, py::arg("version"), py::arg("tensors"), py::arg("force_anchor") = false)
+      .def("flush", &PublisherBinding::flush)
+      .def("close", &PublisherBinding::close)
+      .def("history", &PublisherBinding::history)
+      .def("state", &PublisherBinding::state)
+      .def_property_readonly("device", &PublisherBinding::device)
+      .def_property_readonly("format", &PublisherBinding::format)
+      .def_property_readonly("low_memory", &PublisherBinding::low_memory);
+  m.def("publisher_defaults", &publisher_defaults, "PublisherOptions' defaults: the one set the CLI and Python share.");
+}
+
+}  // namespace deltasync::torch_ext

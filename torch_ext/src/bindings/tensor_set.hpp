@@ -1,0 +1,37 @@
+// PyTorch tensors as the plain descriptions the engine takes (TensorMeta + TensorRef), with the
+// checks that every binding needs: one device for the whole set, contiguous, a weight dtype.
+// The at::Tensor handles are kept alongside the raw pointers so the memory stays alive.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.hpp"
+#include "engine/engine.hpp"
+#include "format/delta_file.hpp"
+
+namespace deltasync::torch_ext {
+
+struct TensorSet {
+  std::vector<at::Tensor> tensors;  // keeps the storage alive
+  std::vector<TensorMeta> meta;     // names as given, dtypes, shapes
+  std::vector<TensorRef> refs;      // raw pointers into `tensors`
+  engine::Device device = engine::Device::kCpu;
+  int device_index = 0;
+
+  std::vector<ConstTensorRef> const_refs() const;
+};
+
+// Throws deltasync::Error naming the tensor (`what` names the caller in the message).
+TensorSet tensor_set(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors, const char* what);
+
+// `current` has the same devices, dtypes and shapes as `described` (a publish after the first).
+TensorSet same_layout(const TensorSet& described, const std::vector<at::Tensor>& current, const char* what);
+
+// The engine for the set's device, ordered on the caller's current stream there.
+std::unique_ptr<engine::SyncEngine> engine_for(const TensorSet& set, const engine::EngineOptions& options);
+// Points an engine at the current stream of the set's device (CUDA; a no-op on the CPU).
+void use_current_stream(engine::SyncEngine& engine, const TensorSet& set);
+
+}  // namespace deltasync::torch_ext
