@@ -9,7 +9,8 @@
 namespace deltasync {
 
 enum class ErrorKind {
-  kGeneral,           // anything else (bad arguments, internal limits)
+  kGeneral,           // anything else (internal limits, I/O)
+  kInvalidArgument,   // a caller's argument that cannot work (a version not newer, an unknown URL scheme)
   kBadInput,          // a file, delta, anchor or manifest that is corrupt or does not fit the model
   kWrongBase,         // a delta made for other weights than the receiver holds
   kIntegrity,         // weights that do not hash to what a delta or manifest promised

@@ -51,6 +51,12 @@ void CpuSyncEngine::reset_shadow(std::span<const ConstTensorRef> current) {
   has_shadow_ = true;
 }
 
+uint64_t CpuSyncEngine::shadow_bytes() const {
+  uint64_t n = 0;
+  for (const auto& b : shadow_) n += b.size();
+  return n;
+}
+
 void CpuSyncEngine::encode(std::span<const ConstTensorRef> current, const EncodeRequest&, StagedDelta& out) {
   if (!has_shadow_) throw Error("encode: no shadow (reset_shadow first)");
   check_same_shape(current, numel_, width_);
@@ -109,6 +115,29 @@ void CpuSyncEngine::write(const TensorRef& target, uint64_t offset, std::span<co
   if (offset + bytes.size() > target.numel * target.width)
     throw Error("write: tensor " + std::string(target.name) + ": byte range past its end");
   std::memcpy(static_cast<uint8_t*>(target.data) + offset, bytes.data(), bytes.size());
+}
+
+void CpuSyncEngine::gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> positions,
+                           std::span<uint8_t> out, TransferCounters&) {
+  if (sources.size() != positions.size()) throw Error("gather: one position list per tensor expected");
+  uint64_t at = 0;
+  for (size_t t = 0; t < sources.size(); ++t) {
+    const uint32_t w = sources[t].width;
+    const PatchRef& p = positions[t];
+    if (at + p.count * w > out.size()) throw Error("gather: output too small");
+    const auto* src = static_cast<const uint8_t*>(sources[t].data);
+    for (uint64_t k = 0; k < p.count; ++k) {
+      const int64_t i = p.index_width == 4 ? static_cast<const int32_t*>(p.indices)[k] : static_cast<const int64_t*>(p.indices)[k];
+      if (i < 0 || static_cast<uint64_t>(i) >= sources[t].numel)
+        throw Error("gather: tensor " + std::string(sources[t].name) + ": position " + std::to_string(i) + " out of range");
+      std::memcpy(out.data() + at + k * w, src + static_cast<uint64_t>(i) * w, w);
+    }
+    at += p.count * w;
+  }
+}
+
+void CpuSyncEngine::scatter(std::span<const TensorRef> targets, std::span<const PatchRef> patches, TransferCounters&) {
+  cpu::apply(targets, patches);
 }
 
 integrity::ApplyReport CpuSyncEngine::apply(const DeltaToApply& delta, std::span<const TensorMeta> meta,

@@ -18,12 +18,16 @@ class CpuSyncEngine final : public SyncEngine {
   void reset_shadow(std::span<const ConstTensorRef> current) override;
   bool has_shadow() const override { return has_shadow_; }
   ShadowKind shadow_kind() const override { return kind_; }
+  uint64_t shadow_bytes() const override;
   void encode(std::span<const ConstTensorRef> current, const EncodeRequest& request, StagedDelta& out) override;
   void read(const ConstTensorRef& source, uint64_t offset, std::span<uint8_t> out) override;
 
   std::vector<uint64_t> digests(std::span<const ConstTensorRef> tensors) override;
 
   void write(const TensorRef& target, uint64_t offset, std::span<const uint8_t> bytes) override;
+  void gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> positions, std::span<uint8_t> out,
+              TransferCounters& transfer) override;
+  void scatter(std::span<const TensorRef> targets, std::span<const PatchRef> patches, TransferCounters& transfer) override;
   integrity::ApplyReport apply(const DeltaToApply& delta, std::span<const TensorMeta> meta,
                                std::span<const TensorRef> targets, std::span<uint64_t> digests,
                                std::optional<uint64_t> current_version, TransferCounters& transfer) override;

@@ -106,6 +106,8 @@ class SyncEngine {
   virtual void reset_shadow(std::span<const ConstTensorRef> current) = 0;
   virtual bool has_shadow() const = 0;
   virtual ShadowKind shadow_kind() const = 0;
+  // Memory the shadow takes (bytes, in the engine's memory).
+  virtual uint64_t shadow_bytes() const = 0;
 
   // Diffs current against the shadow bitwise, brings the shadow up to date and stages the
   // change set into `out` (host memory, valid when this returns). Throws Error naming the
@@ -125,6 +127,15 @@ class SyncEngine {
 
   // Writes host bytes into a tensor's memory (an anchor, already verified by the caller).
   virtual void write(const TensorRef& target, uint64_t offset, std::span<const uint8_t> bytes) = 0;
+
+  // Element-wise pieces for receivers whose tensors are not the published ones (the mapped
+  // receiver of fused, sharded parameters), all O(changed). `positions[t]` are host patches
+  // whose values are ignored by gather: gather copies sources[t]'s bits at those positions into
+  // host memory `out` (patch order, tensors back to back); scatter validates every patch (host
+  // positions and values) and writes them, or writes nothing and throws naming the tensor.
+  virtual void gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> positions, std::span<uint8_t> out,
+                      TransferCounters& transfer) = 0;
+  virtual void scatter(std::span<const TensorRef> targets, std::span<const PatchRef> patches, TransferCounters& transfer) = 0;
 
   // Verified, transactional in-place apply of one delta (either layout; a compact delta is
   // decoded against `targets`' current bits where they live). Order: resolve the file against

@@ -59,7 +59,8 @@ std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& op
   if (url.rfind("s3://", 0) == 0) return open_s3_store(url, options);
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) return open_http_store(url, options);
   if (!url.empty() && url.find("://") == std::string::npos) return open_folder_store(url);  // a plain path
-  throw Error(http::redact_url(url) + ": unknown store URL (expected file:///path, s3://bucket/prefix or http(s)://...)");
+  throw Error(http::redact_url(url) + ": unknown store URL scheme (expected file:///path, s3://bucket/prefix or http(s)://...)",
+              ErrorKind::kInvalidArgument);
 }
 
 }  // namespace deltasync

@@ -210,7 +210,8 @@ void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> curren
     if (current[t].numel != tensors_[t].numel() || current[t].width != tensors_[t].width())
       throw Error("publish: tensor " + tensors_[t].name + " has a different size than the model describes");
   if (staged_version_ && version <= *staged_version_)
-    throw Error("publish: version " + std::to_string(version) + " is not newer than " + std::to_string(*staged_version_));
+    throw Error("publish: version " + std::to_string(version) + " is not newer than " + std::to_string(*staged_version_),
+                ErrorKind::kInvalidArgument);
   const bool low_byte = engine_->shadow_kind() == engine::ShadowKind::kLowByte;
   auto job = std::make_unique<Job>();
   job->version = version;

@@ -17,11 +17,11 @@ std::string describe(const TensorMeta& m) { return std::string(dtype_name(m.dtyp
 void check_same_model(std::span<const TensorMeta> mine, std::span<const TensorMeta> anchor, uint64_t version) {
   const std::string label = "anchor of version " + std::to_string(version);
   if (anchor.size() != mine.size())
-    throw Error(label + ": holds " + std::to_string(anchor.size()) + " tensors, the model has " + std::to_string(mine.size()));
+    throw BadInputError(label + ": holds " + std::to_string(anchor.size()) + " tensors, the model has " + std::to_string(mine.size()));
   for (size_t t = 0; t < mine.size(); ++t) {
-    if (anchor[t].name != mine[t].name) throw Error(label + ": tensor " + anchor[t].name + " where the model has " + mine[t].name);
+    if (anchor[t].name != mine[t].name) throw BadInputError(label + ": tensor " + anchor[t].name + " where the model has " + mine[t].name);
     if (anchor[t].dtype != mine[t].dtype || anchor[t].shape != mine[t].shape)
-      throw Error(label + ": tensor " + mine[t].name + " is " + describe(anchor[t]) + ", the model's is " + describe(mine[t]));
+      throw BadInputError(label + ": tensor " + mine[t].name + " is " + describe(anchor[t]) + ", the model's is " + describe(mine[t]));
   }
 }
 

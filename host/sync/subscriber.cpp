@@ -2,7 +2,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <algorithm>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "codec/delta_io.hpp"
 #include "codec/digest.hpp"
@@ -159,6 +162,46 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
   report.apply_seconds += seconds_since(t1);
 }
 
+std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> target) {
+  if (!target) target = poll();
+  if (!target) throw Error(store_.url() + ": the store has no published versions", ErrorKind::kNotFound);
+  auto plan = protocol::plan_catch_up(catalog_, std::nullopt, *target, /*allow_current=*/false);
+  if (!plan || !plan->anchor_version) throw Error(store_.url() + ": no anchor on the chain of version " + std::to_string(*target), ErrorKind::kNotFound);
+  const protocol::Manifest* anchor = catalog_.find(*plan->anchor_version);
+  if (!anchor) throw NotFoundError(store_.describe(protocol::manifest_key(*plan->anchor_version)) + ": anchor version disappeared");
+  std::vector<TensorMeta> out;
+  for (const auto& part : anchor->anchor_parts) {
+    const std::string label = store_.describe(part.key);
+    const std::vector<uint8_t> head = store_.get_range(part.key, 0, 8);
+    uint64_t n = 0;
+    for (int b = 7; b >= 0; --b) n = (n << 8) | head.at(static_cast<size_t>(b));
+    if (n == 0 || n > part.size - 8 || n > (uint64_t{100} << 20)) throw BadInputError(label + ": bad safetensors header length");
+    const std::vector<uint8_t> header = store_.get_range(part.key, 8, n);
+    const auto j = nlohmann::json::parse(header.begin(), header.end(), nullptr, false);
+    if (!j.is_object()) throw BadInputError(label + ": header is not a JSON object");
+    // Tensors in file order (by data offset), as the anchor holds them.
+    std::vector<std::pair<uint64_t, TensorMeta>> entries;
+    for (const auto& [name, v] : j.items()) {
+      if (name == "__metadata__") continue;
+      const bool ok = v.is_object() && v.contains("dtype") && v["dtype"].is_string() && v.contains("shape") &&
+                      v["shape"].is_array() && v.contains("data_offsets") && v["data_offsets"].is_array() &&
+                      v["data_offsets"].size() == 2 && v["data_offsets"][0].is_number_unsigned();
+      if (!ok) throw BadInputError(label + ": tensor " + name + " has a malformed header entry");
+      const auto dtype = dtype_from_name(v["dtype"].get<std::string>());
+      if (!dtype || !is_weight_dtype(*dtype)) throw BadInputError(label + ": tensor " + name + " has no weight dtype");
+      TensorMeta m{name, *dtype, {}};
+      for (const auto& d : v["shape"]) {
+        if (!d.is_number_unsigned()) throw BadInputError(label + ": tensor " + name + " has a malformed shape");
+        m.shape.push_back(d.get<uint64_t>());
+      }
+      entries.emplace_back(v["data_offsets"][0].get<uint64_t>(), std::move(m));
+    }
+    std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& e : entries) out.push_back(std::move(e.second));
+  }
+  return out;
+}
+
 SyncReport Subscriber::sync(HostModel& model, std::optional<uint64_t> target) {
   HostModelReceiver weights(model);
   return sync(weights, target);
@@ -168,9 +211,11 @@ SyncReport Subscriber::sync(Receiver& weights, std::optional<uint64_t> target) {
   auto start = Clock::now();
   SyncReport report;
   if (!target) target = poll();
-  if (!target) throw Error(store_.url() + ": the store has no published versions");
+  if (!target) throw Error(store_.url() + ": the store has no published versions", ErrorKind::kNotFound);
   const protocol::Manifest* found = catalog_.find(*target);
-  if (!found) throw Error(store_.describe(protocol::manifest_key(*target)) + ": version " + std::to_string(*target) + " does not exist");
+  if (!found)
+    throw Error(store_.describe(protocol::manifest_key(*target)) + ": version " + std::to_string(*target) + " does not exist",
+                ErrorKind::kNotFound);
   report.to = *target;
   // A copy, not a pointer into the catalog: the recovery below refreshes the catalog, which
   // drops entries whose manifests vanished meanwhile.
@@ -196,7 +241,9 @@ SyncReport Subscriber::sync(Receiver& weights, std::optional<uint64_t> target) {
   }
 
   auto plan = protocol::plan_catch_up(catalog_, usable, *target);
-  if (!plan) throw Error(store_.url() + ": no way to reach version " + std::to_string(*target) + " (no anchor left on its chain)");
+  if (!plan)
+    throw Error(store_.url() + ": no way to reach version " + std::to_string(*target) + " (no anchor left on its chain)",
+                ErrorKind::kNotFound);
   note("plan: " + plan->describe());
   try {
     execute(*plan, weights, report);

@@ -57,6 +57,12 @@ class Subscriber {
   // Same for a HostModel (an empty one takes its tensors from the anchor).
   SyncReport sync(HostModel& model, std::optional<uint64_t> target = std::nullopt);
 
+  // The tensors (names, dtypes, shapes, in anchor order) of the model as published at `target`
+  // (default: the newest version), read from the headers of the anchor its catch-up starts
+  // from -- a ranged read of each part's header, not the weights. What a receiver that maps the
+  // published tensors onto its own parameters learns its map from.
+  std::vector<TensorMeta> published_tensors(std::optional<uint64_t> target = std::nullopt);
+
   protocol::Catalog& catalog() { return catalog_; }
 
  private:

@@ -4,6 +4,7 @@ the kind of its error; messages stay one line naming the file or tensor and the 
     DeltaSyncError                    base of everything below
       BadDeltaError(ValueError)       a delta, anchor, manifest or file that is corrupt or does
                                       not fit the model (nothing was written)
+      InvalidArgumentError(ValueError) an argument that cannot work
       IntegrityError                  weights that do not hash to what was promised
         WrongBaseError                a delta made for other weights than the receiver holds
       StoreError                      the store
@@ -21,6 +22,10 @@ class DeltaSyncError(RuntimeError):
 
 class BadDeltaError(DeltaSyncError, ValueError):
     """A delta, anchor, manifest or file is corrupt or does not fit the model."""
+
+
+class InvalidArgumentError(DeltaSyncError, ValueError):
+    """An argument that cannot work (a version not newer than the last, an unknown store URL)."""
 
 
 class IntegrityError(DeltaSyncError):
@@ -54,5 +59,5 @@ class UnsupportedError(StoreError):
     """The store cannot do what was asked."""
 
 
-__all__ = ["DeltaSyncError", "BadDeltaError", "IntegrityError", "WrongBaseError", "StoreError", "NotFoundError",
+__all__ = ["DeltaSyncError", "BadDeltaError", "InvalidArgumentError", "IntegrityError", "WrongBaseError", "StoreError", "NotFoundError",
            "StoreUnavailableError", "CredentialsError", "UnsupportedError"]

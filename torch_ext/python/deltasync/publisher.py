@@ -64,6 +64,22 @@ class PublishStats:
 _STAT_FIELDS = {f.name for f in fields(PublishStats)}
 
 
+class LivePublishStats(PublishStats):
+    """What publish() returns: its fields read the version's current state (staged, then visible
+    with its sizes and upload times, or merged into a later version)."""
+
+    def __init__(self, publisher: "DeltaPublisher", snapshot: PublishStats):
+        self.__dict__.update(snapshot.__dict__)
+        object.__setattr__(self, "_publisher", publisher)
+
+    def __getattribute__(self, name):
+        if name in _STAT_FIELDS and name not in ("version", "total_elements"):
+            current = object.__getattribute__(self, "_publisher")._entry(object.__getattribute__(self, "version"))
+            if current is not None:
+                return current[name]
+        return object.__getattribute__(self, name)
+
+
 class DeltaPublisher:
     def __init__(self, model, store, anchor_every: int | None = None, format: str | None = None,
                  low_memory: bool = False, anchor_part_bytes: int | None = None, max_pending: int | None = None,
@@ -92,7 +108,7 @@ class DeltaPublisher:
         anchor=True also writes the full weights (None: every `anchor_every` versions)."""
         staged = self._native.publish(int(version), self.params, bool(anchor))
         self._last_version = int(version)
-        return self._stats(staged)
+        return LivePublishStats(self, self._stats(staged))
 
     @property
     def stats(self) -> list[PublishStats]:
@@ -107,6 +123,11 @@ class DeltaPublisher:
     def state(self) -> dict:
         """What is visible in the store: last_version, last_anchor_version, delta_bytes_since_anchor."""
         return self._native.state()
+
+    @property
+    def shadow_bytes(self) -> int:
+        """Memory the shadow of the last published bits takes, where the parameters live."""
+        return self._native.shadow_bytes
 
     def flush(self) -> None:
         """Returns once every version published so far is visible in the store."""
@@ -146,6 +167,12 @@ class DeltaPublisher:
 
         self._hook = optimizer.register_step_post_hook(hook)
         return self._hook
+
+    def _entry(self, version: int) -> dict | None:
+        for d in reversed(self._native.history()):
+            if d["version"] == version:
+                return d
+        return None
 
     def _stats(self, d: dict) -> PublishStats:
         return PublishStats(total_elements=self._total, **{k: v for k, v in d.items() if k in _STAT_FIELDS})

@@ -13,6 +13,7 @@ namespace {
 const char* class_name(ErrorKind kind) {
   switch (kind) {
     case ErrorKind::kBadInput: return "BadDeltaError";
+    case ErrorKind::kInvalidArgument: return "InvalidArgumentError";
     case ErrorKind::kWrongBase: return "WrongBaseError";
     case ErrorKind::kIntegrity: return "IntegrityError";
     case ErrorKind::kNotFound: return "NotFoundError";

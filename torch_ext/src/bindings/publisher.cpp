@@ -131,6 +131,7 @@ class PublisherBinding {
   std::string device() const { return std::string(engine::device_name(live().engine().device())); }
   std::string format() const { return live().options().delta_format; }
   bool low_memory() const { return live().engine().shadow_kind() == engine::ShadowKind::kLowByte; }
+  uint64_t shadow_bytes() const { return live().engine().shadow_bytes(); }
 
  private:
   Publisher& live() const {
@@ -170,7 +171,8 @@ void bind_publisher(py::module_& m) {
       .def("state", &PublisherBinding::state)
       .def_property_readonly("device", &PublisherBinding::device)
       .def_property_readonly("format", &PublisherBinding::format)
-      .def_property_readonly("low_memory", &PublisherBinding::low_memory);
+      .def_property_readonly("low_memory", &PublisherBinding::low_memory)
+      .def_property_readonly("shadow_bytes", &PublisherBinding::shadow_bytes);
   m.def("publisher_defaults", &publisher_defaults, "PublisherOptions' defaults: the one set the CLI and Python share.");
 }
 
