@@ -23,8 +23,6 @@ namespace deltasync::cuda {
 using detail::CompactBlockFault;
 using detail::CompactDecodeStatus;
 using detail::CompactDecodeTask;
-using detail::DeviceArray;
-using detail::PinnedArray;
 namespace coder = detail::compact_coder;
 
 namespace {
@@ -49,10 +47,13 @@ struct CompactDecoder::State {
   DeviceArray<uint8_t> values;
   DeviceArray<uint8_t> base_values;
   DeviceDecodedDelta result;
+  TransferCounters transfer;  // the last decode
 };
 
 CompactDecoder::CompactDecoder() : state_(new State) {}
 CompactDecoder::~CompactDecoder() { delete state_; }
+
+const TransferCounters& CompactDecoder::transfer() const { return state_->transfer; }
 
 size_t CompactDecoder::workspace_bytes() const {
   const State& s = *state_;
@@ -74,6 +75,7 @@ const DeviceDecodedDelta& CompactDecoder::decode(std::span<const compact::Encode
                                                  cudaStream_t stream) {
   detail::scoped_range range{"compact decode"};
   State& s = *state_;
+  s.transfer = {};
   // The host checks of compact::decode(), by the same code.
   const std::vector<compact::ParsedBlockIndex> parsed = compact::parse_encoded_tensors(encoded, base_meta, base, label);
   for (const compact::ParsedBlockIndex& p : parsed)
@@ -163,6 +165,9 @@ const DeviceDecodedDelta& CompactDecoder::decode(std::span<const compact::Encode
                         stream),
         "compact decode: read status");
   check(cudaStreamSynchronize(stream), "compact decode: synchronize");
+  s.transfer.host_to_device_bytes += payload_total + num_blocks * sizeof(CompactDecodeTask);
+  s.transfer.device_to_host_bytes += sizeof(CompactDecodeStatus);
+  s.transfer.host_syncs += 1;
   const CompactDecodeStatus status = *s.status_host.data();
 
   if (status.first_bad_block != detail::kNoBadBlock) {

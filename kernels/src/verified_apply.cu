@@ -75,6 +75,7 @@ struct VerifiedApplier::State {
   detail::DeviceArray<uint8_t> saved;        // old bits of every changed element
   detail::PinnedArray<uint64_t> shifts;      // per target
   int sm_count = 0;
+  TransferCounters transfer;  // the last apply
 };
 
 VerifiedApplier::VerifiedApplier() : state_(new State) {
@@ -85,10 +86,13 @@ VerifiedApplier::VerifiedApplier() : state_(new State) {
 
 VerifiedApplier::~VerifiedApplier() { delete state_; }
 
+const TransferCounters& VerifiedApplier::transfer() const { return state_->transfer; }
+
 integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                                               const integrity::DeltaDigests& expected,
                                               std::span<uint64_t> current_digests,
                                               std::optional<uint64_t> current_version, cudaStream_t stream) {
+  state_->transfer = {};
   // Host-side checks first: nothing is queued for a delta made for another base.
   integrity::check_before_apply(targets, patches, expected, current_digests, current_version);
   const size_t T = targets.size();
@@ -142,6 +146,9 @@ integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets
     check(s.applier.apply(targets, patches, stream), "verified apply: scatter");
     check(s.digester.shifts(views, patches, old_bits, s.shifts.data(), stream), "verified apply: digest shifts");
     check(cudaStreamSynchronize(stream), "verified apply");
+    s.transfer.host_to_device_bytes += T * sizeof(SaveJob);
+    s.transfer.host_syncs += 1;
+    for (const TransferCounters& part : {s.applier.transfer(), s.digester.transfer()}) s.transfer.add(part);
   } catch (...) {
     cudaStreamSynchronize(stream);
     throw;
@@ -162,6 +169,7 @@ integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets
     integrity::check_result(expected, actual);
   } catch (const Error& e) {
     s.applier.apply_checked(targets, restore, stream);  // synchronizes
+    s.transfer.add(s.applier.transfer());
     throw Error(std::string(e.what()) + "; weights restored to their state before the delta");
   }
   std::copy(result.begin(), result.end(), current_digests.begin());

@@ -13,6 +13,10 @@ class CudaSyncEngine final : public SyncEngine {
   Device device() const override { return Device::kCuda; }
   void set_stream(void* stream) override;
 
+  // Host<->device bytes and host waits of every call since construction, read(), write() and
+  // digests() included (the interface reports only encode's and apply's).
+  const TransferCounters& cumulative_transfer() const;
+
   void reset_shadow(std::span<const ConstTensorRef> current) override;
   bool has_shadow() const override;
   ShadowKind shadow_kind() const override;

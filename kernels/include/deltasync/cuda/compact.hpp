@@ -20,6 +20,7 @@
 #include "codec/compact_codec.hpp"
 #include "format/delta_file.hpp"
 #include "core/tensor.hpp"
+#include "deltasync/cuda/engine.hpp"
 
 namespace deltasync::cuda {
 
@@ -49,7 +50,17 @@ class CompactEncoder {
   std::vector<compact::EncodedTensor> encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
                                              cudaStream_t stream, const compact::Options& options = {});
 
+  // Same, with the change set's offsets and value offsets already on the host (T + 1 entries
+  // each, e.g. Encoder::host_offsets() after its synchronization): the first synchronization
+  // is skipped, two remain.
+  std::vector<compact::EncodedTensor> encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
+                                             std::span<const uint64_t> host_offsets,
+                                             std::span<const uint64_t> host_value_offsets, cudaStream_t stream,
+                                             const compact::Options& options = {});
+
   size_t workspace_bytes() const;
+  // The last encode().
+  const TransferCounters& transfer() const;
 
  private:
   struct State;
@@ -88,6 +99,8 @@ class CompactDecoder {
                                    const std::string& label, cudaStream_t stream);
 
   size_t workspace_bytes() const;
+  // The last decode().
+  const TransferCounters& transfer() const;
 
  private:
   struct State;

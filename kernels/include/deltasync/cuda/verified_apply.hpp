@@ -9,6 +9,7 @@
 
 #include "engine/integrity.hpp"
 #include "core/tensor.hpp"
+#include "deltasync/cuda/engine.hpp"
 
 namespace deltasync::cuda {
 
@@ -32,6 +33,10 @@ class VerifiedApplier {
   integrity::ApplyReport apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                                const integrity::DeltaDigests& expected, std::span<uint64_t> current_digests,
                                std::optional<uint64_t> current_version, cudaStream_t stream);
+
+  // The last apply() (its Applier and Digester included): one synchronization, two after a
+  // result mismatch (the restore).
+  const TransferCounters& transfer() const;
 
  private:
   struct State;
