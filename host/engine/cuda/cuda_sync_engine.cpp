@@ -75,6 +75,15 @@ DType dtype_of_width(uint32_t width) {
   }
 }
 
+// The staged change set out of the encoders' pinned buffers into the caller's vectors.
+void copy_staged(const DeltaView& v, SparseDelta& c) {
+  c.offsets.assign(v.offsets.begin(), v.offsets.end());
+  c.value_offsets.assign(v.value_offsets.begin(), v.value_offsets.end());
+  c.indices.assign(v.indices.begin(), v.indices.end());
+  c.values.assign(v.values.begin(), v.values.end());
+  c.base_values.assign(v.base_values.begin(), v.base_values.end());
+}
+
 // Drains `stream` before an exception leaves a call, so that no queued copy still writes a
 // staging buffer the next call reuses; the original error is what the caller sees.
 template <typename Fn>
@@ -162,6 +171,18 @@ struct CudaSyncEngine::State {
     for (size_t t = 0; t < current.size(); ++t)
       items[t] = EncodeItem{current[t].name, current[t].data, shadow[t], current[t].numel, current[t].width};
     return items;
+  }
+
+  // The two staging buffers and their events, for parts of a copy of `n` bytes; returns the
+  // part size.
+  uint64_t prepare_staging(uint64_t n) {
+    const uint64_t part = std::min<uint64_t>(kStagingBytes, std::max<uint64_t>(n, 1));
+    for (int b = 0; b < 2; ++b) {
+      cuda::check(staging[b].reserve(part), "cudaHostAlloc of the staging buffers");
+      if (staging_done[b] == nullptr)
+        cuda::check(cudaEventCreateWithFlags(&staging_done[b], cudaEventDisableTiming), "cudaEventCreate");
+    }
+    return part;
   }
 
   void encode_full(std::span<const ConstTensorRef> current, const EncodeRequest& request, StagedDelta& out);
@@ -262,13 +283,7 @@ void CudaSyncEngine::State::encode_full(std::span<const ConstTensorRef> current,
     cuda::check(enc.stage(stream), "encode: stage");
     sync(out.transfer, "encode: stage");  // wait 2
     out.transfer.add(enc.transfer());       // the encode and the staged copies
-    const DeltaView v = enc.staged();
-    SparseDelta& c = out.changes;
-    c.offsets.assign(v.offsets.begin(), v.offsets.end());
-    c.value_offsets.assign(v.value_offsets.begin(), v.value_offsets.end());
-    c.indices.assign(v.indices.begin(), v.indices.end());
-    c.values.assign(v.values.begin(), v.values.end());
-    c.base_values.assign(v.base_values.begin(), v.base_values.end());
+    copy_staged(enc.staged(), out.changes);
     return;
   }
 
@@ -312,11 +327,7 @@ void CudaSyncEngine::State::encode_low_byte(std::span<const ConstTensorRef> curr
   sync(out.transfer, "encode: stage");  // wait 2
   out.transfer.add(enc.transfer());
   const DeltaView v = enc.staged();
-  SparseDelta& c = out.changes;
-  c.offsets.assign(v.offsets.begin(), v.offsets.end());
-  c.value_offsets.assign(v.value_offsets.begin(), v.value_offsets.end());
-  c.indices.assign(v.indices.begin(), v.indices.end());
-  c.values.assign(v.values.begin(), v.values.end());
+  copy_staged(v, out.changes);
   out.counts.resize(current.size());
   for (size_t t = 0; t < current.size(); ++t) out.counts[t] = v.count(t);
   out.has_base_values = false;
@@ -331,12 +342,7 @@ void CudaSyncEngine::read(const ConstTensorRef& source, uint64_t offset, std::sp
   const ReportOnExit report(transfer, s.cumulative);
   const auto* src = static_cast<const uint8_t*>(source.data) + offset;
   const uint64_t n = out.size();
-  const uint64_t part = std::min<uint64_t>(kStagingBytes, std::max<uint64_t>(n, 1));
-  for (int b = 0; b < 2; ++b) {
-    cuda::check(s.staging[b].reserve(part), "read: cudaHostAlloc");
-    if (s.staging_done[b] == nullptr)
-      cuda::check(cudaEventCreateWithFlags(&s.staging_done[b], cudaEventDisableTiming), "cudaEventCreate");
-  }
+  const uint64_t part = s.prepare_staging(n);
   drained_on_error(s.stream, [&] {
     // Part k goes to buffer k % 2; part k + 1 is queued before part k is drained on the host.
     auto queue = [&](uint64_t k) {
@@ -385,12 +391,7 @@ void CudaSyncEngine::write(const TensorRef& target, uint64_t offset, std::span<c
   TransferCounters transfer;
   const ReportOnExit report(transfer, s.cumulative);
   const uint64_t n = bytes.size();
-  const uint64_t part = std::min<uint64_t>(kStagingBytes, std::max<uint64_t>(n, 1));
-  for (int b = 0; b < 2; ++b) {
-    cuda::check(s.staging[b].reserve(part), "write: cudaHostAlloc");
-    if (s.staging_done[b] == nullptr)
-      cuda::check(cudaEventCreateWithFlags(&s.staging_done[b], cudaEventDisableTiming), "cudaEventCreate");
-  }
+  const uint64_t part = s.prepare_staging(n);
   drained_on_error(s.stream, [&] {
     // Buffer k % 2 is refilled only once its previous upload (part k - 2) has left it.
     const uint64_t parts = (n + part - 1) / part;
