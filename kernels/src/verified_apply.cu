@@ -3,6 +3,7 @@
 // replaced); validation and scatter are cuda::Applier's, hashing is cuda::Digester's.
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,14 @@ integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets
                                               const integrity::DeltaDigests& expected,
                                               std::span<uint64_t> current_digests,
                                               std::optional<uint64_t> current_version, cudaStream_t stream) {
+  return apply(targets, patches, expected, current_digests, current_version, stream, {});
+}
+
+integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                                              const integrity::DeltaDigests& expected,
+                                              std::span<uint64_t> current_digests,
+                                              std::optional<uint64_t> current_version, cudaStream_t stream,
+                                              const std::function<void()>& check_inputs) {
   state_->transfer = {};
   // Host-side checks first: nothing is queued for a delta made for another base.
   integrity::check_before_apply(targets, patches, expected, current_digests, current_version);
@@ -154,6 +163,19 @@ integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets
     throw;
   }
   const ApplyStatus status = s.applier.status();
+  if (check_inputs) {
+    // Inputs made on the device in the same stream are judged first: a bad one may have been
+    // scattered (when its positions passed validation), so those writes are undone.
+    try {
+      check_inputs();
+    } catch (...) {
+      if (status.bad_tensor < 0) {
+        s.applier.apply_checked(targets, restore, stream);  // synchronizes
+        s.transfer.add(s.applier.transfer());
+      }
+      throw;
+    }
+  }
   if (status.bad_tensor >= 0) throw Error(describe(status, targets));  // nothing was written
 
   integrity::ApplyReport report;

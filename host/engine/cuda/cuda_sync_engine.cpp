@@ -16,8 +16,10 @@
 //                                     does not keep)
 //   apply, TRL layout                 1 (VerifiedApplier: scatter + shifts + status); a result
 //                                     mismatch adds 1 (the restore)
-//   apply, compact layout             2 = CompactDecoder (1: its status must be read before
-//                                     anything is written) + VerifiedApplier (1)
+//   apply, compact layout             1: the decode is queued (CompactDecoder::queue) and judged
+//                                     right after the VerifiedApplier's one wait, before the
+//                                     patches are; a bad block's writes are then undone (+1, the
+//                                     restore; +1 to fetch the bad block's details)
 //   digests                           1;  read / write  1 per staging chunk (see kStagingBytes)
 #include "engine/cuda/cuda_sync_engine.hpp"
 
@@ -25,6 +27,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -452,35 +455,51 @@ integrity::ApplyReport CudaSyncEngine::apply(const DeltaToApply& delta, std::spa
     // Resolve on the host what needs no tensor data; the promises are checked before any upload.
     std::vector<PatchRef> patches;
     integrity::DeltaDigests expected;
-    if (compact::is_compact_delta(file)) {
-      compact::CompactFile contents = compact::read_compact_file(file, meta);
-      expected = delta_promises(delta, contents.info);
-      // Decoded against the targets' current bits; the decoder never writes them, so a corrupt
-      // block is refused with every target untouched.
-      cuda::CompactDecoder& decoder = s.get(s.compact_decoder);
+    cuda::VerifiedApplier& applier = s.get(s.applier);
+    const auto run = [&](const std::function<void()>& check_inputs) {
       try {
-        const cuda::DeviceDecodedDelta& decoded = decoder.decode(contents.tensors, meta, base, file.label(), s.stream);
-        transfer.add(decoder.transfer());
-        compact::check_total_changed(file, decoded.offsets.back());
-        patches = decoded.patches(meta);
+        integrity::ApplyReport report =
+            applier.apply(targets, patches, expected, digests, current_version, s.stream, check_inputs);
+        transfer.add(applier.transfer());
+        return report;
       } catch (...) {
-        transfer.add(decoder.transfer());
+        transfer.add(applier.transfer());
         throw;
       }
-    } else {
+    };
+    if (!compact::is_compact_delta(file)) {
       ResolvedDelta resolved;
       resolve_trl_delta(file, meta, resolved);
       expected = delta_promises(delta, resolved.info);
       patches = s.upload_patches(resolved.patches, transfer);
+      return run({});
     }
-    cuda::VerifiedApplier& applier = s.get(s.applier);
+    compact::CompactFile contents = compact::read_compact_file(file, meta);
+    expected = delta_promises(delta, contents.info);
+    // Decoded against the targets' current bits (never written by the decoder) and applied
+    // under one wait: the decode's verdict is read right after it, before the patches are
+    // judged, and a bad block's scattered writes are undone -- the CPU's message, nothing changed.
+    cuda::CompactDecoder& decoder = s.get(s.compact_decoder);
+    const ReportOnExit decode_report(decoder.transfer(), transfer);
+    const cuda::DeviceDecodedDelta& decoded = decoder.queue(contents.tensors, meta, base, file.label(), s.stream);
+    const uint64_t decoded_total = decoded.offsets.back();
+    patches = decoded.patches(meta);
+    bool judged = false;
+    const auto judge_decode = [&] {
+      judged = true;
+      decoder.finish(s.stream);
+      compact::check_total_changed(file, decoded_total);
+    };
     try {
-      integrity::ApplyReport report =
-          applier.apply(targets, patches, expected, digests, current_version, s.stream);
-      transfer.add(applier.transfer());
-      return report;
+      return run(judge_decode);
     } catch (...) {
-      transfer.add(applier.transfer());
+      // Refused before the wait (e.g. a wrong base, found on the host): the CPU engine decodes
+      // first, so a bad block, if there is one, is what it reports.
+      if (!judged) {
+        cuda::check(cudaStreamSynchronize(s.stream), "apply: synchronize");
+        ++transfer.host_syncs;
+        judge_decode();
+      }
       throw;
     }
   });

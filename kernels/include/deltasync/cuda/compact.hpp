@@ -98,8 +98,20 @@ class CompactDecoder {
                                    std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base,
                                    const std::string& label, cudaStream_t stream);
 
+  // decode() in two steps, for a caller that folds the decode's wait into its own (the sync
+  // engine: one wait per compact delta for decode + verified apply). queue() makes the same
+  // host checks and throws the same errors, then queues the upload and the decode without
+  // waiting: the result's layout (host offsets) is valid at once, its device arrays once
+  // `stream` reaches this point. After the caller has synchronized `stream`, finish() throws the
+  // decode's Error if a block was bad (waiting once more to fetch its details), else returns.
+  // Until finish() says so, the decoded arrays may hold anything (positions included).
+  const DeviceDecodedDelta& queue(std::span<const compact::EncodedTensorView> encoded,
+                                  std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base,
+                                  const std::string& label, cudaStream_t stream);
+  void finish(cudaStream_t stream);
+
   size_t workspace_bytes() const;
-  // The last decode().
+  // The last decode() or queue() + finish() (the caller's wait between them not included).
   const TransferCounters& transfer() const;
 
  private:
