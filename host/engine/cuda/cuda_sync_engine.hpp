@@ -5,6 +5,8 @@
 
 namespace deltasync::engine {
 
+// One engine serves one thread at a time (the publisher's or the subscriber's calling thread):
+// its staging buffers and kernel workspaces are reused across calls without locks.
 class CudaSyncEngine final : public SyncEngine {
  public:
   explicit CudaSyncEngine(const EngineOptions& options = {});
