@@ -120,6 +120,19 @@ std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors
 // True when the file's metadata says format="compact".
 bool is_compact_delta(const st::File& file);
 
+// A compact delta file read up to its blocks -- what every decoder (this one and its GPU twin)
+// checks before decoding: format and compact_version, the delta's metadata, NAME.cindex /
+// NAME.cdata pairs (views into `file`, in file order), and recorded dtypes and shapes equal to
+// the base's. Throws Error("LABEL: ...").
+struct CompactFile {
+  DeltaInfo info;
+  std::vector<EncodedTensorView> tensors;
+};
+CompactFile read_compact_file(const st::File& file, std::span<const TensorMeta> base_meta);
+// After the blocks are decoded: the metadata's total_changed_elements (when recorded) must equal
+// what they hold. Throws Error("LABEL: ...").
+void check_total_changed(const st::File& file, uint64_t decoded_total);
+
 // Reads a compact delta file and decodes it against the base (see decode()). Returns the
 // patches for every base tensor, ready for cpu::apply(targets, patches); they point into `out`.
 // Throws Error("LABEL: ...") for a file of another format or version, a tensor the base lacks,

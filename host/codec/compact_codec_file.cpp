@@ -103,9 +103,8 @@ bool is_compact_delta(const st::File& file) {
   return it != file.metadata().end() && it->second == "compact";
 }
 
-std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const TensorMeta> base_meta,
-                                           std::span<const ConstTensorRef> base, DecodedDelta& out,
-                                           const Options& options) {
+CompactFile read_compact_file(const st::File& file, std::span<const TensorMeta> base_meta) {
+  CompactFile out;
   const std::string& label = file.label();
   const st::Metadata& md = file.metadata();
   if (!is_compact_delta(file)) throw BadInputError(label + ": not a compact delta (metadata format is not \"compact\")");
@@ -116,9 +115,9 @@ std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const
 
   out.info = delta_info(md, label);
 
-  // Pair NAME.cindex with NAME.cdata, in file order of the index tensors.
-  std::vector<EncodedTensorView> views;
-  std::vector<std::string> names;
+  // Pair NAME.cindex with NAME.cdata, in file order of the index tensors. Names are views of
+  // the index tensors' names, so they live as long as the file.
+  std::vector<EncodedTensorView>& views = out.tensors;
   for (const st::TensorInfo& t : file.tensors()) {
     if (t.dtype != DType::U8 || t.shape.size() != 1)
       throw BadInputError(label + ": tensor " + t.name + " is not a 1-D U8 tensor");
@@ -131,12 +130,11 @@ std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const
     if (!ends_with(t.name, kIndexSuffix))
       throw BadInputError(label + ": tensor " + t.name + " is neither a " + std::string(kIndexSuffix) + " nor a " +
                   std::string(kDataSuffix) + " tensor");
-    names.push_back(t.name.substr(0, t.name.size() - kIndexSuffix.size()));
-    const st::TensorInfo* data = file.find(names.back() + std::string(kDataSuffix));
-    if (!data) throw BadInputError(label + ": tensor " + t.name + " has no " + names.back() + std::string(kDataSuffix));
-    views.push_back({{}, file.bytes(t), file.bytes(*data)});
+    const std::string_view name = std::string_view(t.name).substr(0, t.name.size() - kIndexSuffix.size());
+    const st::TensorInfo* data = file.find(std::string(name) + std::string(kDataSuffix));
+    if (!data) throw BadInputError(label + ": tensor " + t.name + " has no " + std::string(name) + std::string(kDataSuffix));
+    views.push_back({name, file.bytes(t), file.bytes(*data)});
   }
-  for (size_t i = 0; i < views.size(); ++i) views[i].name = names[i];
 
   // The recorded dtype and shape must be the base's: a delta for another model is refused here.
   const auto shapes_it = md.find("tensor_shapes");
@@ -152,16 +150,26 @@ std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const
                     expected.dump());
     }
   }
+  return out;
+}
 
-  decode(views, base_meta, base, label, out, options);
-
+void check_total_changed(const st::File& file, uint64_t decoded_total) {
+  const st::Metadata& md = file.metadata();
   const auto total_it = md.find("total_changed_elements");
-  if (total_it != md.end()) {
-    const uint64_t recorded = parse_u64(file, "total_changed_elements", total_it->second);
-    if (recorded != out.storage.offsets.back())
-      throw BadInputError(label + ": metadata total_changed_elements is " + total_it->second + ", the blocks hold " +
-                  std::to_string(out.storage.offsets.back()));
-  }
+  if (total_it == md.end()) return;
+  const uint64_t recorded = parse_u64(file, "total_changed_elements", total_it->second);
+  if (recorded != decoded_total)
+    throw BadInputError(file.label() + ": metadata total_changed_elements is " + total_it->second + ", the blocks hold " +
+                std::to_string(decoded_total));
+}
+
+std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const TensorMeta> base_meta,
+                                           std::span<const ConstTensorRef> base, DecodedDelta& out,
+                                           const Options& options) {
+  CompactFile contents = read_compact_file(file, base_meta);
+  out.info = std::move(contents.info);
+  decode(contents.tensors, base_meta, base, file.label(), out, options);
+  check_total_changed(file, out.storage.offsets.back());
   return out.patches(base_meta);
 }
 

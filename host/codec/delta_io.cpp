@@ -40,7 +40,12 @@ void resolve_delta(const st::File& file, std::span<const TensorMeta> base_meta, 
     out.changed_names = out.decoded.changed_names;
     return;
   }
+  resolve_trl_delta(file, base_meta, out);
+}
+
+void resolve_trl_delta(const st::File& file, std::span<const TensorMeta> base_meta, ResolvedDelta& out) {
   out.format = DeltaFormat::Trl;
+  out.changed_names.clear();
   ParsedDelta parsed = parse_trl_delta(file);
   if (!parsed.sparse) throw BadInputError(file.label() + ": is an anchor (sparse=\"False\"), not a delta");
   out.patches = resolve_patches(parsed, base_meta, file.label());

@@ -43,5 +43,8 @@ struct ResolvedDelta {
 // Error("LABEL: reason") for an anchor, a corrupt file or a delta made for another model.
 void resolve_delta(const st::File& file, std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base,
                    ResolvedDelta& out);
+// The interoperable (TRL) branch of resolve_delta alone: needs no base bits, and the patches
+// point into `file` (host memory), ready to be uploaded by an engine whose weights live elsewhere.
+void resolve_trl_delta(const st::File& file, std::span<const TensorMeta> base_meta, ResolvedDelta& out);
 
 }  // namespace deltasync

@@ -9,30 +9,16 @@
 #include "engine/cpu_engine.hpp"
 
 namespace deltasync::engine {
-namespace {
-
-void check_same_shape(std::span<const ConstTensorRef> current, const std::vector<uint64_t>& numel,
-                      const std::vector<uint32_t>& width) {
-  if (current.size() != numel.size())
-    throw Error("encode: " + std::to_string(current.size()) + " tensors, the shadow has " + std::to_string(numel.size()));
-  for (size_t t = 0; t < current.size(); ++t)
-    if (current[t].numel != numel[t] || current[t].width != width[t])
-      throw Error("encode: tensor " + std::string(current[t].name) + " changed size or dtype since the shadow was taken");
-}
-
-}  // namespace
 
 CpuSyncEngine::CpuSyncEngine(const EngineOptions& options) : kind_(options.shadow) {}
 
 void CpuSyncEngine::reset_shadow(std::span<const ConstTensorRef> current) {
+  if (kind_ == ShadowKind::kLowByte) check_low_byte_shadow(current);
   std::vector<HugeBuffer> shadow;
   shadow.reserve(current.size());
   numel_.clear();
   width_.clear();
   for (const auto& t : current) {
-    if (kind_ == ShadowKind::kLowByte && t.width != 2)
-      throw Error("low-memory shadow: tensor " + std::string(t.name) + " has " + std::to_string(t.width) +
-                  "-byte elements; the low-byte shadow needs 2-byte dtypes (bfloat16, float16)");
     const uint64_t bytes = kind_ == ShadowKind::kLowByte ? t.numel : t.numel * t.width;
     shadow.emplace_back(bytes);
     numel_.push_back(t.numel);
@@ -59,7 +45,7 @@ uint64_t CpuSyncEngine::shadow_bytes() const {
 
 void CpuSyncEngine::encode(std::span<const ConstTensorRef> current, const EncodeRequest&, StagedDelta& out) {
   if (!has_shadow_) throw Error("encode: no shadow (reset_shadow first)");
-  check_same_shape(current, numel_, width_);
+  check_matches_shadow(current, numel_, width_);
   out.clear();
   if (kind_ == ShadowKind::kLowByte) return encode_low_byte(current, out);
   std::vector<EncodeItem> items(current.size());

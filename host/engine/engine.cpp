@@ -38,4 +38,20 @@ integrity::DeltaDigests delta_promises(const DeltaToApply& delta, const DeltaInf
   return std::move(*expected);
 }
 
+void check_low_byte_shadow(std::span<const ConstTensorRef> current) {
+  for (const auto& t : current)
+    if (t.width != 2)
+      throw Error("low-memory shadow: tensor " + std::string(t.name) + " has " + std::to_string(t.width) +
+                  "-byte elements; the low-byte shadow needs 2-byte dtypes (bfloat16, float16)");
+}
+
+void check_matches_shadow(std::span<const ConstTensorRef> current, std::span<const uint64_t> numel,
+                          std::span<const uint32_t> width) {
+  if (current.size() != numel.size())
+    throw Error("encode: " + std::to_string(current.size()) + " tensors, the shadow has " + std::to_string(numel.size()));
+  for (size_t t = 0; t < current.size(); ++t)
+    if (current[t].numel != numel[t] || current[t].width != width[t])
+      throw Error("encode: tensor " + std::string(current[t].name) + " changed size or dtype since the shadow was taken");
+}
+
 }  // namespace deltasync::engine

@@ -89,6 +89,13 @@ struct DeltaToApply {
 // Throws Error("LABEL: ...").
 integrity::DeltaDigests delta_promises(const DeltaToApply& delta, const DeltaInfo& info);
 
+// Shadow checks every engine makes, in one wording. Throw Error naming the tensor.
+// A low-byte shadow covers 2-byte tensors only:
+void check_low_byte_shadow(std::span<const ConstTensorRef> current);
+// The tensors of an encode are the shadow's (count, elements and widths recorded at reset):
+void check_matches_shadow(std::span<const ConstTensorRef> current, std::span<const uint64_t> numel,
+                          std::span<const uint32_t> width);
+
 class SyncEngine {
  public:
   virtual ~SyncEngine() = default;

@@ -13,11 +13,9 @@
 
 namespace deltasync::cuda {
 
-using detail::DeviceArray;
 using detail::PatchTableHeader;
 using detail::PatchTableLayout;
 using detail::PatchTarget;
-using detail::PinnedArray;
 
 struct Applier::State {
   int sm_count = 1;
@@ -32,6 +30,7 @@ struct Applier::State {
   // Recorded after the status copy, the last use of the device table and status: a call on
   // another stream makes its stream wait for it before overwriting them (a no-op on one stream).
   cudaEvent_t apply_done = nullptr;
+  TransferCounters transfer;  // the last call
 };
 
 namespace {
@@ -86,6 +85,7 @@ cudaError_t Applier::apply(std::span<const TensorRef> targets, std::span<const P
   detail::scoped_range range{"apply"};
   const int64_t width_mismatch = check_patch_headers(targets, patches);
   State& s = *state_;
+  s.transfer = {};
 
   for (cudaEvent_t* event : {&s.upload_done, &s.apply_done}) {
     if (*event != nullptr) continue;
@@ -145,6 +145,7 @@ cudaError_t Applier::apply(std::span<const TensorRef> targets, std::span<const P
   err = cudaEventRecord(s.upload_done, stream);
   if (err != cudaSuccess) return err;
   s.upload_pending = true;
+  s.transfer.host_to_device_bytes += layout.total_bytes;
 
   uint8_t* device = s.table_device.data();
   const detail::PatchTableView view{reinterpret_cast<PatchTableHeader*>(device),
@@ -157,8 +158,11 @@ cudaError_t Applier::apply(std::span<const TensorRef> targets, std::span<const P
   err = cudaMemcpyAsync(s.status_host.data(), s.status_device.data(), sizeof(ApplyStatus), cudaMemcpyDeviceToHost,
                         stream);
   if (err != cudaSuccess) return err;
+  s.transfer.device_to_host_bytes += sizeof(ApplyStatus);
   return cudaEventRecord(s.apply_done, stream);
 }
+
+const TransferCounters& Applier::transfer() const { return state_->transfer; }
 
 ApplyStatus Applier::status() const {
   return state_->status_host.data() == nullptr ? ApplyStatus{} : *state_->status_host.data();
@@ -168,6 +172,7 @@ void Applier::apply_checked(std::span<const TensorRef> targets, std::span<const 
                             cudaStream_t stream) {
   check(apply(targets, patches, stream), "apply");
   check(cudaStreamSynchronize(stream), "apply: synchronize");
+  ++state_->transfer.host_syncs;
   const ApplyStatus result = status();
   if (result.bad_tensor >= 0) throw Error(describe(result, targets));
 }

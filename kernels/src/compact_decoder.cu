@@ -23,8 +23,6 @@ namespace deltasync::cuda {
 using detail::CompactBlockFault;
 using detail::CompactDecodeStatus;
 using detail::CompactDecodeTask;
-using detail::DeviceArray;
-using detail::PinnedArray;
 namespace coder = detail::compact_coder;
 
 namespace {
@@ -49,10 +47,19 @@ struct CompactDecoder::State {
   DeviceArray<uint8_t> values;
   DeviceArray<uint8_t> base_values;
   DeviceDecodedDelta result;
+  TransferCounters transfer;  // the last decode
+  // What finish() needs to judge the queued decode and word its error.
+  bool pending = false;
+  std::string label;
+  std::vector<std::string> names;  // base tensor names
+  std::vector<BlockOrigin> origins;
+  uint64_t tasks_at = 0;
 };
 
 CompactDecoder::CompactDecoder() : state_(new State) {}
 CompactDecoder::~CompactDecoder() { delete state_; }
+
+const TransferCounters& CompactDecoder::transfer() const { return state_->transfer; }
 
 size_t CompactDecoder::workspace_bytes() const {
   const State& s = *state_;
@@ -72,8 +79,23 @@ const DeviceDecodedDelta& CompactDecoder::decode(std::span<const compact::Encode
                                                  std::span<const TensorMeta> base_meta,
                                                  std::span<const ConstTensorRef> base, const std::string& label,
                                                  cudaStream_t stream) {
+  const DeviceDecodedDelta& out = queue(encoded, base_meta, base, label, stream);
+  if (state_->pending) {
+    check(cudaStreamSynchronize(stream), "compact decode: synchronize");
+    state_->transfer.host_syncs += 1;
+    finish(stream);
+  }
+  return out;
+}
+
+const DeviceDecodedDelta& CompactDecoder::queue(std::span<const compact::EncodedTensorView> encoded,
+                                                std::span<const TensorMeta> base_meta,
+                                                std::span<const ConstTensorRef> base, const std::string& label,
+                                                cudaStream_t stream) {
   detail::scoped_range range{"compact decode"};
   State& s = *state_;
+  s.transfer = {};
+  s.pending = false;
   // The host checks of compact::decode(), by the same code.
   const std::vector<compact::ParsedBlockIndex> parsed = compact::parse_encoded_tensors(encoded, base_meta, base, label);
   for (const compact::ParsedBlockIndex& p : parsed)
@@ -111,7 +133,8 @@ const DeviceDecodedDelta& CompactDecoder::decode(std::span<const compact::Encode
                           s.tasks.reserve(num_blocks), s.faults.reserve(num_blocks), s.status.reserve(1),
                           s.status_host.reserve(1), s.fault_host.reserve(1), s.positions_host.reserve(2)})
     check(err, "compact decode: allocate");
-  std::vector<BlockOrigin> origins;
+  std::vector<BlockOrigin>& origins = s.origins;
+  origins.clear();
   origins.reserve(num_blocks);
   {
     uint8_t* host = s.upload.data();
@@ -162,7 +185,23 @@ const DeviceDecodedDelta& CompactDecoder::decode(std::span<const compact::Encode
   check(cudaMemcpyAsync(s.status_host.data(), s.status.data(), sizeof(CompactDecodeStatus), cudaMemcpyDeviceToHost,
                         stream),
         "compact decode: read status");
-  check(cudaStreamSynchronize(stream), "compact decode: synchronize");
+  s.transfer.host_to_device_bytes += payload_total + num_blocks * sizeof(CompactDecodeTask);
+  s.transfer.device_to_host_bytes += sizeof(CompactDecodeStatus);
+  s.pending = true;
+  s.label = label;
+  s.names.clear();
+  for (const TensorMeta& m : base_meta) s.names.push_back(m.name);
+  s.tasks_at = tasks_at;
+  return out;
+}
+
+void CompactDecoder::finish(cudaStream_t stream) {
+  State& s = *state_;
+  if (!s.pending) return;
+  s.pending = false;
+  const std::string& label = s.label;
+  const std::vector<BlockOrigin>& origins = s.origins;
+  const uint64_t tasks_at = s.tasks_at;
   const CompactDecodeStatus status = *s.status_host.data();
 
   if (status.first_bad_block != detail::kNoBadBlock) {
@@ -170,8 +209,9 @@ const DeviceDecodedDelta& CompactDecoder::decode(std::span<const compact::Encode
                           cudaMemcpyDeviceToHost, stream),
           "compact decode: read fault");
     check(cudaStreamSynchronize(stream), "compact decode: synchronize");
+    s.transfer.host_syncs += 1;
     const BlockOrigin& o = origins[status.first_bad_block];
-    throw Error(label + ": tensor " + base_meta[o.base_index].name + ": block " + std::to_string(o.block) + ": " +
+    throw Error(label + ": tensor " + s.names[o.base_index] + ": block " + std::to_string(o.block) + ": " +
                 detail::describe_fault(*s.fault_host.data()));
   }
   if (status.first_unordered_block != detail::kNoBadBlock) {
@@ -181,12 +221,12 @@ const DeviceDecodedDelta& CompactDecoder::decode(std::span<const compact::Encode
                           stream),
           "compact decode: read positions");
     check(cudaStreamSynchronize(stream), "compact decode: synchronize");
+    s.transfer.host_syncs += 1;
     const BlockOrigin& o = origins[status.first_unordered_block];
-    throw Error(label + ": tensor " + base_meta[o.base_index].name + ": block " + std::to_string(o.block) +
+    throw Error(label + ": tensor " + s.names[o.base_index] + ": block " + std::to_string(o.block) +
                 " starts at position " + std::to_string(s.positions_host.data()[1]) +
                 ", not after the previous block's last (" + std::to_string(s.positions_host.data()[0]) + ")");
   }
-  return out;
 }
 
 }  // namespace deltasync::cuda

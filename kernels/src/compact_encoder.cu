@@ -23,8 +23,6 @@ namespace deltasync::cuda {
 using detail::CompactBlockSizes;
 using detail::CompactEncodeTask;
 using detail::CompactScratchLayout;
-using detail::DeviceArray;
-using detail::PinnedArray;
 
 struct CompactEncoder::State {
   PinnedArray<uint64_t> offsets_host;  // offsets then value_offsets (2 * (T + 1))
@@ -39,7 +37,26 @@ struct CompactEncoder::State {
   DeviceArray<uint8_t> index;
   DeviceArray<uint8_t> payload;
   PinnedArray<uint8_t> download;  // index bytes, then payload bytes
+  TransferCounters transfer;      // the last encode
+
+  // Everything after the offsets are on the host: two synchronizations.
+  std::vector<compact::EncodedTensor> encode_planned(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
+                                                     const uint64_t* offsets, const uint64_t* value_offsets,
+                                                     cudaStream_t stream, const compact::Options& options);
 };
+
+namespace {
+
+// compact::encode()'s checks of the arguments, with its messages and in its order.
+void check_arguments(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta, const compact::Options& options) {
+  if (options.block_elements == 0 || options.block_elements > (1u << 24))
+    throw Error("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
+  if (delta.num_tensors != tensors.size())
+    throw Error("compact: delta has " + std::to_string(delta.num_tensors) + " tensors, model has " +
+                std::to_string(tensors.size()));
+}
+
+}  // namespace
 
 CompactEncoder::CompactEncoder() : state_(new State) {}
 CompactEncoder::~CompactEncoder() { delete state_; }
@@ -55,12 +72,8 @@ std::vector<compact::EncodedTensor> CompactEncoder::encode(std::span<const Tenso
                                                            const compact::Options& options) {
   detail::scoped_range range{"compact encode"};
   State& s = *state_;
-  // Checks and messages of compact::encode(), in its order.
-  if (options.block_elements == 0 || options.block_elements > (1u << 24))
-    throw Error("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
-  if (delta.num_tensors != tensors.size())
-    throw Error("compact: delta has " + std::to_string(delta.num_tensors) + " tensors, model has " +
-                std::to_string(tensors.size()));
+  s.transfer = {};
+  check_arguments(tensors, delta, options);
   if (tensors.empty()) return {};
   const size_t T = tensors.size();
 
@@ -74,6 +87,37 @@ std::vector<compact::EncodedTensor> CompactEncoder::encode(std::span<const Tenso
                         stream),
         "compact encode: read offsets");
   check(cudaStreamSynchronize(stream), "compact encode: synchronize");
+  s.transfer.device_to_host_bytes += 2 * (T + 1) * sizeof(uint64_t);
+  s.transfer.host_syncs += 1;
+  return s.encode_planned(tensors, delta, offsets, value_offsets, stream, options);
+}
+
+std::vector<compact::EncodedTensor> CompactEncoder::encode(std::span<const TensorMeta> tensors,
+                                                           const DeviceDeltaView& delta,
+                                                           std::span<const uint64_t> host_offsets,
+                                                           std::span<const uint64_t> host_value_offsets,
+                                                           cudaStream_t stream, const compact::Options& options) {
+  detail::scoped_range range{"compact encode"};
+  State& s = *state_;
+  s.transfer = {};
+  check_arguments(tensors, delta, options);
+  if (tensors.empty()) return {};
+  if (host_offsets.size() != tensors.size() + 1 || host_value_offsets.size() != tensors.size() + 1)
+    throw Error("compact: " + std::to_string(host_offsets.size()) + " offsets for " + std::to_string(tensors.size()) +
+                " tensors");
+  return s.encode_planned(tensors, delta, host_offsets.data(), host_value_offsets.data(), stream, options);
+}
+
+const TransferCounters& CompactEncoder::transfer() const { return state_->transfer; }
+
+std::vector<compact::EncodedTensor> CompactEncoder::State::encode_planned(std::span<const TensorMeta> tensors,
+                                                                          const DeviceDeltaView& delta,
+                                                                          const uint64_t* offsets,
+                                                                          const uint64_t* value_offsets,
+                                                                          cudaStream_t stream,
+                                                                          const compact::Options& options) {
+  State& s = *this;
+  const size_t T = tensors.size();
   if (offsets[T] > 0 && delta.base_values == nullptr)
     throw Error("compact: delta lacks the base values the compact format encodes against");
 
@@ -143,6 +187,9 @@ std::vector<compact::EncodedTensor> CompactEncoder::encode(std::span<const Tenso
                         cudaMemcpyDeviceToHost, stream),
         "compact encode: read sizes");
   check(cudaStreamSynchronize(stream), "compact encode: synchronize");
+  s.transfer.host_to_device_bytes += tasks.size() * sizeof(CompactEncodeTask);
+  s.transfer.device_to_host_bytes += (num_blocks + 1) * sizeof(uint64_t);
+  s.transfer.host_syncs += 1;
   const uint64_t* payload_offsets = s.payload_offsets_host.data();
   const uint64_t payload_bytes = payload_offsets[num_blocks];
 
@@ -159,6 +206,8 @@ std::vector<compact::EncodedTensor> CompactEncoder::encode(std::span<const Tenso
                         stream),
         "compact encode: download");
   check(cudaStreamSynchronize(stream), "compact encode: synchronize");
+  s.transfer.device_to_host_bytes += index_bytes + payload_bytes;
+  s.transfer.host_syncs += 1;
 
   // Out of the pinned buffer into the owning vectors, one task per tensor (page faults and
   // copies of a many-tensor model spread over the CPU twin's worker pool).

@@ -162,6 +162,7 @@ struct Digester::State {
   detail::DeviceArray<unsigned long long> acc;
   cudaEvent_t uploaded = nullptr;  // the last descriptor upload has left host_jobs
   int sm_count = 0;
+  TransferCounters transfer;  // the last call
 
   // Common tail of digest() and shifts(): upload `jobs` (already in host_jobs), zero the
   // accumulators, launch, copy the sums out.
@@ -171,6 +172,7 @@ struct Digester::State {
     if ((err = cudaMemcpyAsync(device_jobs.data(), host_jobs.data(), num_jobs * sizeof(Job), cudaMemcpyHostToDevice,
                                stream)) != cudaSuccess)
       return err;
+    transfer.host_to_device_bytes += num_jobs * sizeof(Job);
     if ((err = cudaEventRecord(uploaded, stream)) != cudaSuccess) return err;
     if ((err = cudaMemsetAsync(acc.data(), 0, num_jobs * sizeof(unsigned long long), stream)) != cudaSuccess) return err;
     if (num_tiles > 0) {
@@ -179,6 +181,11 @@ struct Digester::State {
       kernel<<<grid, kThreads, 0, stream>>>(device_jobs.data(), num_jobs, num_tiles, acc.data());
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
+    // `out` may be device memory (no host traffic) or pinned host memory.
+    cudaPointerAttributes where{};
+    if ((err = cudaPointerGetAttributes(&where, out)) != cudaSuccess) return err;
+    if (where.type != cudaMemoryTypeDevice && where.type != cudaMemoryTypeManaged)
+      transfer.device_to_host_bytes += num_jobs * sizeof(uint64_t);
     return cudaMemcpyAsync(out, acc.data(), num_jobs * sizeof(uint64_t), cudaMemcpyDefault, stream);
   }
 
@@ -205,6 +212,7 @@ Digester::~Digester() {
 }
 
 cudaError_t Digester::digest(std::span<const ConstTensorRef> tensors, uint64_t* out, cudaStream_t stream) {
+  state_->transfer = {};
   if (tensors.empty()) return cudaSuccess;
   if (out == nullptr) return cudaErrorInvalidValue;
   for (const auto& t : tensors)
@@ -225,6 +233,7 @@ cudaError_t Digester::digest(std::span<const ConstTensorRef> tensors, uint64_t* 
 
 cudaError_t Digester::shifts(std::span<const ConstTensorRef> targets, std::span<const PatchRef> patches,
                              std::span<const void* const> old_bits, uint64_t* out, cudaStream_t stream) {
+  state_->transfer = {};
   if (targets.size() != patches.size() || old_bits.size() != patches.size()) return cudaErrorInvalidValue;
   if (targets.empty()) return cudaSuccess;
   if (out == nullptr) return cudaErrorInvalidValue;
@@ -251,6 +260,8 @@ cudaError_t Digester::shifts(std::span<const ConstTensorRef> targets, std::span<
   }
   return state_->launch(shift_kernel, static_cast<uint32_t>(targets.size()), tiles, out, stream);
 }
+
+const TransferCounters& Digester::transfer() const { return state_->transfer; }
 
 std::vector<uint64_t> digest_device_tensors(std::span<const ConstTensorRef> tensors, cudaStream_t stream) {
   std::vector<uint64_t> out(tensors.size(), 0);

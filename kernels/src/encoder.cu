@@ -16,11 +16,9 @@
 
 namespace deltasync::cuda {
 
-using detail::DeviceArray;
 using detail::EncodeCounts;
 using detail::EncodeTensor;
 using detail::kChunkElements;
-using detail::PinnedArray;
 
 namespace {
 
@@ -102,6 +100,8 @@ struct Encoder::State {
   DeviceArray<uint64_t> value_offsets;
   DeviceArray<EncodeCounts> counts;
   PinnedArray<EncodeCounts> counts_readback;
+  PinnedArray<uint64_t> offsets_readback;  // offsets then value_offsets, T + 1 each
+  TransferCounters transfer;               // the last encode and the stages after it
 
   // Result of the last encode.
   size_t result_tensors = 0;
@@ -189,6 +189,7 @@ cudaError_t Encoder::State::prepare_tables(std::span<const EncodeItem> items, cu
         cudaMemcpyAsync(tensors.data(), host_tensors, tensor_bytes, cudaMemcpyHostToDevice, stream));
   DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(starts.data(), host_starts, (num_tensors + 1) * sizeof(uint64_t),
                                             cudaMemcpyHostToDevice, stream));
+  transfer.host_to_device_bytes += tensor_bytes + (num_tensors + 1) * sizeof(uint64_t);
   DELTASYNC_RETURN_IF_ERROR(cudaEventRecord(upload_done, stream));
   DELTASYNC_RETURN_IF_ERROR(
       detail::build_chunk_table(starts.data(), num_tensors, chunk_tensor.data(), num_chunks, sm_count, stream));
@@ -208,6 +209,7 @@ cudaError_t Encoder::State::prepare_tables(std::span<const EncodeItem> items, cu
   }
   DELTASYNC_RETURN_IF_ERROR(offsets.reserve(num_tensors + 1));
   DELTASYNC_RETURN_IF_ERROR(value_offsets.reserve(num_tensors + 1));
+  DELTASYNC_RETURN_IF_ERROR(offsets_readback.reserve(2 * (num_tensors + 1)));
 
   cached_items = std::move(keys);
   have_tables = true;
@@ -243,6 +245,14 @@ cudaError_t Encoder::State::run_pipeline(cudaStream_t stream) {
   } else {
     DELTASYNC_RETURN_IF_ERROR(select == SelectStrategy::kTwoPass ? run_two_pass(stream) : run_single_pass(stream));
   }
+  // The counts size the output; the offsets come along in the same wait so that callers
+  // (the compact encoder) can plan on them without another one.
+  const size_t table_bytes = (num_tensors + 1) * sizeof(uint64_t);
+  DELTASYNC_RETURN_IF_ERROR(
+      cudaMemcpyAsync(offsets_readback.data(), offsets.data(), table_bytes, cudaMemcpyDeviceToHost, stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(offsets_readback.data() + num_tensors + 1, value_offsets.data(),
+                                            table_bytes, cudaMemcpyDeviceToHost, stream));
+  transfer.device_to_host_bytes += sizeof(EncodeCounts) + 2 * table_bytes;
   return cudaMemcpyAsync(counts_readback.data(), counts.data(), sizeof(EncodeCounts), cudaMemcpyDeviceToHost,
                          stream);
 }
@@ -310,6 +320,7 @@ cudaError_t Encoder::encode(std::span<const EncodeItem> items, cudaStream_t stre
   s.result_tensors = 0;
   s.result_changed = 0;
   s.result_value_bytes = 0;
+  s.transfer = {};
   // A stage() queued on another stream may still be copying the previous results out.
   if (s.stage_done != nullptr) DELTASYNC_RETURN_IF_ERROR(cudaEventSynchronize(s.stage_done));
   DELTASYNC_RETURN_IF_ERROR(s.prepare_tables(items, stream));
@@ -325,6 +336,7 @@ cudaError_t Encoder::encode(std::span<const EncodeItem> items, cudaStream_t stre
   for (;;) {
     DELTASYNC_RETURN_IF_ERROR(s.run_pipeline(stream));
     DELTASYNC_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    ++s.transfer.host_syncs;
     const int64_t selected = s.counts_readback.data()->num_selected;
     if (selected <= s.capacity) break;
     DELTASYNC_RETURN_IF_ERROR(s.ensure_capacity(selected + selected / 8));
@@ -343,6 +355,11 @@ const uint64_t* Encoder::device_value_offsets() const { return state_->value_off
 const int64_t* Encoder::device_indices() const { return state_->indices.data(); }
 const uint8_t* Encoder::device_values() const { return state_->values.data(); }
 const uint8_t* Encoder::device_base_values() const { return state_->base_values.data(); }
+const uint64_t* Encoder::host_offsets() const { return state_->offsets_readback.data(); }
+const uint64_t* Encoder::host_value_offsets() const {
+  return state_->offsets_readback.data() + state_->result_tensors + 1;
+}
+const TransferCounters& Encoder::transfer() const { return state_->transfer; }
 
 cudaError_t Encoder::stage(cudaStream_t stream) {
   detail::scoped_range range{"stage"};
@@ -371,6 +388,7 @@ cudaError_t Encoder::stage(cudaStream_t stream) {
                                               table_entries * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
     DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.staged_value_offsets.data(), s.value_offsets.data(),
                                               table_entries * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+    s.transfer.device_to_host_bytes += 2 * table_entries * sizeof(uint64_t);
   }
   if (s.result_changed > 0) {
     DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.staged_indices.data(), s.indices.data(),
@@ -379,6 +397,7 @@ cudaError_t Encoder::stage(cudaStream_t stream) {
                                               cudaMemcpyDeviceToHost, stream));
     DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.staged_base_values.data(), s.base_values.data(),
                                               s.result_value_bytes, cudaMemcpyDeviceToHost, stream));
+    s.transfer.device_to_host_bytes += s.result_changed * sizeof(int64_t) + 2 * s.result_value_bytes;
   }
   DELTASYNC_RETURN_IF_ERROR(cudaEventRecord(s.stage_done, stream));
   s.staged_tensors = s.result_tensors;

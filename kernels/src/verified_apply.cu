@@ -1,8 +1,9 @@
 // Transactional verified apply on the GPU: save → validate + scatter → shifts → compare →
 // (restore). The only kernel of its own is the save (a gather of the bits about to be
-// replaced); validation and scatter are cuda::Applier's, hashing is cuda::Digester's.
+// replaced, gather_kernels.cuh); validation and scatter are cuda::Applier's, hashing is cuda::Digester's.
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,70 +12,19 @@
 #include "deltasync/cuda/verified_apply.hpp"
 #include "core/error.hpp"
 #include "device_buffers.cuh"
+#include "gather_kernels.cuh"
 
 namespace deltasync::cuda {
-
-namespace {
-
-constexpr unsigned kThreads = 256;
-constexpr uint64_t kSaveTile = uint64_t{1} << 12;  // changed positions per block visit
-
-struct SaveJob {
-  const uint8_t* data;   // target tensor
-  const void* indices;   // patch positions (int32 or int64)
-  uint8_t* saved;        // where the bits at those positions go (count × width)
-  uint64_t count;
-  uint64_t numel;
-  uint64_t first_tile;
-  uint32_t width;
-  uint32_t index_width;
-};
-
-__device__ uint32_t save_job_of_tile(const SaveJob* jobs, uint32_t num_jobs, uint64_t tile) {
-  uint32_t lo = 0, hi = num_jobs;
-  while (hi - lo > 1) {
-    const uint32_t mid = (lo + hi) / 2;
-    if (jobs[mid].first_tile <= tile) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}
-
-// saved[k] = data[indices[k]]; positions outside the tensor (which the Applier will reject,
-// writing nothing) save zeros instead of reading out of bounds.
-__global__ void __launch_bounds__(kThreads) save_kernel(const SaveJob* jobs, uint32_t num_jobs, uint64_t num_tiles) {
-  for (uint64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const SaveJob job = jobs[save_job_of_tile(jobs, num_jobs, tile)];
-    const uint64_t begin = (tile - job.first_tile) * kSaveTile;
-    const uint64_t end = min(begin + kSaveTile, job.count);
-    for (uint64_t k = begin + threadIdx.x; k < end; k += kThreads) {
-      const uint64_t i = job.index_width == 4
-                             ? static_cast<uint64_t>(static_cast<int64_t>(static_cast<const int32_t*>(job.indices)[k]))
-                             : static_cast<uint64_t>(static_cast<const int64_t*>(job.indices)[k]);
-      const bool inside = i < job.numel;
-      switch (job.width) {
-        case 1: job.saved[k] = inside ? job.data[i] : 0; break;
-        case 2:
-          reinterpret_cast<uint16_t*>(job.saved)[k] = inside ? reinterpret_cast<const uint16_t*>(job.data)[i] : 0;
-          break;
-        default:
-          reinterpret_cast<uint32_t*>(job.saved)[k] = inside ? reinterpret_cast<const uint32_t*>(job.data)[i] : 0;
-          break;
-      }
-    }
-  }
-}
-
-}  // namespace
 
 struct VerifiedApplier::State {
   Applier applier;
   Digester digester;
-  detail::PinnedArray<SaveJob> host_jobs;
-  detail::DeviceArray<SaveJob> device_jobs;
+  detail::PinnedArray<detail::SaveJob> host_jobs;
+  detail::DeviceArray<detail::SaveJob> device_jobs;
   detail::DeviceArray<uint8_t> saved;        // old bits of every changed element
   detail::PinnedArray<uint64_t> shifts;      // per target
   int sm_count = 0;
+  TransferCounters transfer;  // the last apply
 };
 
 VerifiedApplier::VerifiedApplier() : state_(new State) {
@@ -85,10 +35,21 @@ VerifiedApplier::VerifiedApplier() : state_(new State) {
 
 VerifiedApplier::~VerifiedApplier() { delete state_; }
 
+const TransferCounters& VerifiedApplier::transfer() const { return state_->transfer; }
+
 integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                                               const integrity::DeltaDigests& expected,
                                               std::span<uint64_t> current_digests,
                                               std::optional<uint64_t> current_version, cudaStream_t stream) {
+  return apply(targets, patches, expected, current_digests, current_version, stream, {});
+}
+
+integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                                              const integrity::DeltaDigests& expected,
+                                              std::span<uint64_t> current_digests,
+                                              std::optional<uint64_t> current_version, cudaStream_t stream,
+                                              const std::function<void()>& check_inputs) {
+  state_->transfer = {};
   // Host-side checks first: nothing is queued for a delta made for another base.
   integrity::check_before_apply(targets, patches, expected, current_digests, current_version);
   const size_t T = targets.size();
@@ -118,9 +79,9 @@ integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets
   for (size_t t = 0; t < T; ++t) {
     const PatchRef& p = patches[t];
     uint8_t* at = s.saved.data() + offset;
-    s.host_jobs.data()[t] = SaveJob{static_cast<const uint8_t*>(targets[t].data), p.indices, at, p.count,
+    s.host_jobs.data()[t] = detail::SaveJob{static_cast<const uint8_t*>(targets[t].data), p.indices, at, p.count,
                                     targets[t].numel, tiles, targets[t].width, p.index_width};
-    tiles += (p.count + kSaveTile - 1) / kSaveTile;
+    tiles += (p.count + detail::kSaveTile - 1) / detail::kSaveTile;
     old_bits[t] = at;
     restore[t].values = at;
     views[t] = ConstTensorRef{targets[t].name, targets[t].data, targets[t].numel, targets[t].width};
@@ -131,22 +92,38 @@ integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets
   // way, drain the stream before the error propagates so that nothing still reads the pinned
   // job table the next call rewrites.
   try {
-    check(cudaMemcpyAsync(s.device_jobs.data(), s.host_jobs.data(), T * sizeof(SaveJob), cudaMemcpyHostToDevice, stream),
+    check(cudaMemcpyAsync(s.device_jobs.data(), s.host_jobs.data(), T * sizeof(detail::SaveJob), cudaMemcpyHostToDevice, stream),
           "verified apply: upload");
     if (tiles > 0) {
       const uint64_t cap = static_cast<uint64_t>(s.sm_count > 0 ? s.sm_count : 1) * 8;
-      save_kernel<<<static_cast<unsigned>(tiles < cap ? tiles : cap), kThreads, 0, stream>>>(
+      detail::save_kernel<<<static_cast<unsigned>(tiles < cap ? tiles : cap), detail::kSaveThreads, 0, stream>>>(
           s.device_jobs.data(), static_cast<uint32_t>(T), tiles);
       check(cudaGetLastError(), "verified apply: save kernel");
     }
     check(s.applier.apply(targets, patches, stream), "verified apply: scatter");
     check(s.digester.shifts(views, patches, old_bits, s.shifts.data(), stream), "verified apply: digest shifts");
     check(cudaStreamSynchronize(stream), "verified apply");
+    s.transfer.host_to_device_bytes += T * sizeof(detail::SaveJob);
+    s.transfer.host_syncs += 1;
+    for (const TransferCounters& part : {s.applier.transfer(), s.digester.transfer()}) s.transfer.add(part);
   } catch (...) {
     cudaStreamSynchronize(stream);
     throw;
   }
   const ApplyStatus status = s.applier.status();
+  if (check_inputs) {
+    // Inputs made on the device in the same stream are judged first: a bad one may have been
+    // scattered (when its positions passed validation), so those writes are undone.
+    try {
+      check_inputs();
+    } catch (...) {
+      if (status.bad_tensor < 0) {
+        s.applier.apply_checked(targets, restore, stream);  // synchronizes
+        s.transfer.add(s.applier.transfer());
+      }
+      throw;
+    }
+  }
   if (status.bad_tensor >= 0) throw Error(describe(status, targets));  // nothing was written
 
   integrity::ApplyReport report;
@@ -162,6 +139,7 @@ integrity::ApplyReport VerifiedApplier::apply(std::span<const TensorRef> targets
     integrity::check_result(expected, actual);
   } catch (const Error& e) {
     s.applier.apply_checked(targets, restore, stream);  // synchronizes
+    s.transfer.add(s.applier.transfer());
     throw Error(std::string(e.what()) + "; weights restored to their state before the delta", e.kind());
   }
   std::copy(result.begin(), result.end(), current_digests.begin());

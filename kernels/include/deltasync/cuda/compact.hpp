@@ -20,6 +20,7 @@
 #include "codec/compact_codec.hpp"
 #include "format/delta_file.hpp"
 #include "core/tensor.hpp"
+#include "deltasync/cuda/engine.hpp"
 
 namespace deltasync::cuda {
 
@@ -49,7 +50,17 @@ class CompactEncoder {
   std::vector<compact::EncodedTensor> encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
                                              cudaStream_t stream, const compact::Options& options = {});
 
+  // Same, with the change set's offsets and value offsets already on the host (T + 1 entries
+  // each, e.g. Encoder::host_offsets() after its synchronization): the first synchronization
+  // is skipped, two remain.
+  std::vector<compact::EncodedTensor> encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
+                                             std::span<const uint64_t> host_offsets,
+                                             std::span<const uint64_t> host_value_offsets, cudaStream_t stream,
+                                             const compact::Options& options = {});
+
   size_t workspace_bytes() const;
+  // The last encode().
+  const TransferCounters& transfer() const;
 
  private:
   struct State;
@@ -87,7 +98,21 @@ class CompactDecoder {
                                    std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base,
                                    const std::string& label, cudaStream_t stream);
 
+  // decode() in two steps, for a caller that folds the decode's wait into its own (the sync
+  // engine: one wait per compact delta for decode + verified apply). queue() makes the same
+  // host checks and throws the same errors, then queues the upload and the decode without
+  // waiting: the result's layout (host offsets) is valid at once, its device arrays once
+  // `stream` reaches this point. After the caller has synchronized `stream`, finish() throws the
+  // decode's Error if a block was bad (waiting once more to fetch its details), else returns.
+  // Until finish() says so, the decoded arrays may hold anything (positions included).
+  const DeviceDecodedDelta& queue(std::span<const compact::EncodedTensorView> encoded,
+                                  std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base,
+                                  const std::string& label, cudaStream_t stream);
+  void finish(cudaStream_t stream);
+
   size_t workspace_bytes() const;
+  // The last decode() or queue() + finish() (the caller's wait between them not included).
+  const TransferCounters& transfer() const;
 
  private:
   struct State;

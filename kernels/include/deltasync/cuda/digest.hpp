@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/tensor.hpp"
+#include "deltasync/cuda/engine.hpp"
 
 namespace deltasync::cuda {
 
@@ -41,6 +42,10 @@ class Digester {
   // Positions outside a target contribute nothing (the Applier rejects such patches anyway).
   cudaError_t shifts(std::span<const ConstTensorRef> targets, std::span<const PatchRef> patches,
                      std::span<const void* const> old_bits, uint64_t* out, cudaStream_t stream);
+
+  // The last digest() or shifts(): the descriptor upload, and the results' copy when `out` is
+  // host memory. Neither call synchronizes.
+  const TransferCounters& transfer() const;
 
  private:
   struct State;

@@ -11,8 +11,15 @@
 #include <string>
 
 #include "core/tensor.hpp"
+#include "engine/engine.hpp"  // engine::TransferCounters
 
 namespace deltasync::cuda {
+
+// What a call moved between host and device and how often it made the host wait for the
+// device (stream synchronizations; an event wait on work the call's contract says is long
+// finished -- e.g. the previous call's small descriptor upload -- is not counted). Every class
+// below reports its last call through transfer(); callers add these up per version.
+using engine::TransferCounters;
 
 // True when at least one CUDA device can be used.
 bool device_available();
@@ -55,6 +62,10 @@ class Encoder {
 
   uint64_t total_changed() const;
   size_t num_tensors() const;
+  // Host copies of the device offsets / value offsets (T + 1 entries each), read in encode()'s
+  // one synchronization: callers plan on them without another wait (CompactEncoder's overload).
+  const uint64_t* host_offsets() const;
+  const uint64_t* host_value_offsets() const;
   // Device arrays laid out exactly like DeltaView (offsets / value_offsets have T + 1 entries).
   const uint64_t* device_offsets() const;
   const uint64_t* device_value_offsets() const;
@@ -71,6 +82,10 @@ class Encoder {
   // ever held.
   size_t workspace_bytes() const;
   size_t peak_workspace_bytes() const;
+
+  // The last encode() and the stage() calls after it (an encode that grows its output reruns
+  // and synchronizes once more; that shows here).
+  const TransferCounters& transfer() const;
 
  private:
   struct State;
@@ -105,6 +120,9 @@ class Applier {
   // Convenience: apply, synchronize `stream`, and throw deltasync::Error naming the tensor on an
   // invalid patch.
   void apply_checked(std::span<const TensorRef> targets, std::span<const PatchRef> patches, cudaStream_t stream);
+
+  // The last apply() or apply_checked().
+  const TransferCounters& transfer() const;
 
  private:
   struct State;

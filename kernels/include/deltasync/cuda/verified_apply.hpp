@@ -4,11 +4,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 
 #include "engine/integrity.hpp"
 #include "core/tensor.hpp"
+#include "deltasync/cuda/engine.hpp"
 
 namespace deltasync::cuda {
 
@@ -32,6 +34,20 @@ class VerifiedApplier {
   integrity::ApplyReport apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                                const integrity::DeltaDigests& expected, std::span<uint64_t> current_digests,
                                std::optional<uint64_t> current_version, cudaStream_t stream);
+
+  // Same, for patches produced on the device in the same stream whose validity is known only
+  // once it is synchronized (a queued CompactDecoder::queue): `check_inputs` runs right after
+  // the one synchronization, before the patches are judged. If it throws, whatever the scatter
+  // wrote is restored (a second synchronization) and its error propagates unchanged, so the
+  // targets are bit for bit as before and the caller sees the input's own error.
+  integrity::ApplyReport apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                               const integrity::DeltaDigests& expected, std::span<uint64_t> current_digests,
+                               std::optional<uint64_t> current_version, cudaStream_t stream,
+                               const std::function<void()>& check_inputs);
+
+  // The last apply() (its Applier and Digester included): one synchronization, two after a
+  // result mismatch (the restore).
+  const TransferCounters& transfer() const;
 
  private:
   struct State;
