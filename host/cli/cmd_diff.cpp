@@ -15,7 +15,7 @@ namespace deltasync::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "diff BASE NEW -o DELTA [--model-version N] [--base-version N] [--format trl|compact] [--cpu|--gpu]";
+    "diff BASE NEW -o DELTA [--model-version N] [--base-version N] [--format compact|trl|trl-idx|trl-idx-raw] [--cpu|--gpu]";
 
 int run_diff(const Args& raw) {
   auto switches = kBackendSwitches;
