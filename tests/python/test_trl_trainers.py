@@ -73,3 +73,30 @@ def test_grpo_trainer_publishes_every_step(tmp_path):
 
 def test_rloo_trainer_publishes_every_step(tmp_path):
     train_and_follow(tmp_path, trl.RLOOTrainer, trl.RLOOConfig)
+
+
+class FailingEngine(SubscriberEngine):
+    def update(self, version):
+        if version == 2:
+            raise RuntimeError("engine cannot load version 2")
+        return super().update(version)
+
+
+def test_failed_update_leaves_the_engine_serving(tmp_path):
+    from deltasync.trl import DeltaSync
+
+    weights = {"w": torch.zeros(64, dtype=torch.bfloat16)}
+    received = {"w": torch.ones(64, dtype=torch.bfloat16)}
+    store = f"file://{tmp_path / 'store'}"
+    engine = FailingEngine(received, store)
+    sync = DeltaSync(store, engine=engine, first_version=1)
+    sync.publish(weights)
+    weights["w"][3] = 1.5
+    try:
+        sync.publish(weights)
+        raise AssertionError("the engine's failure must reach the trainer")
+    except RuntimeError as e:
+        assert "cannot load version 2" in str(e)
+    assert not engine.paused and engine.served_version == 1
+    assert torch.equal(received["w"], torch.zeros(64, dtype=torch.bfloat16))
+    sync.close()

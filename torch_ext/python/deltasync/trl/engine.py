@@ -4,6 +4,7 @@ published version and resume. Kept apart from the trainer glue so that each infe
 module) is one small class."""
 from __future__ import annotations
 
+import threading
 import time
 from typing import Protocol
 
@@ -27,18 +28,23 @@ class InferenceEngine(Protocol):
 
 class SubscriberEngine:
     """A PyTorch model in this process that follows the store through a DeltaSubscriber: the
-    receiver for a trainer-side evaluator or a generation model on the trainer's machine, and the
-    receiver the tests compare with the trainer. Nothing runs on it concurrently, so pause and
-    resume only mark the window the update happened in."""
+    receiver for a generation or evaluation model next to the trainer, and what the tests compare
+    with the trainer. Whoever serves from the model holds `serving_lock` while it reads the
+    weights; pause() takes the lock (waiting for the request in flight) and resume() releases it,
+    so no request ever sees a half-updated model."""
 
-    def __init__(self, model, store, log=None):
+    def __init__(self, model, store, serving_lock: threading.Lock | None = None, log=None):
         self.subscriber = DeltaSubscriber(model, store, log=log)
-        self.paused = False
+        self.serving_lock = serving_lock if serving_lock is not None else threading.Lock()
         self.served_version: int | None = None
         self.update_seconds: list[float] = []
 
+    @property
+    def paused(self) -> bool:
+        return self.serving_lock.locked()
+
     def pause(self) -> None:
-        self.paused = True
+        self.serving_lock.acquire()
 
     def update(self, version: int) -> int:
         started = time.perf_counter()
@@ -47,7 +53,7 @@ class SubscriberEngine:
         return self.served_version
 
     def resume(self) -> None:
-        self.paused = False
+        self.serving_lock.release()
 
     def close(self) -> None:
         pass

@@ -38,8 +38,9 @@ class DeltaSync:
     tensors are those same storages (a plain model's parameters) cost nothing extra, others (a
     gathered FSDP full_tensor(), a merged adapter copy) are copied into them first."""
 
-    def __init__(self, store, engine: InferenceEngine | None = None, **publisher_options):
+    def __init__(self, store, engine: InferenceEngine | None = None, first_version: int = 0, **publisher_options):
         self.store = store
+        self.first_version = first_version
         self.engine = engine
         self.publisher_options = publisher_options
         self.publisher: DeltaPublisher | None = None
@@ -51,12 +52,12 @@ class DeltaSync:
 
     @property
     def next_version(self) -> int:
-        return 0 if self._last_version is None else self._last_version + 1
+        return self.first_version if self._last_version is None else self._last_version + 1
 
     @torch.no_grad()
     def publish(self, tensors, version: int | None = None, wait: bool | None = None,
                 resume: bool = True) -> SyncReport:
-        """Publishes `tensors` as `version` (default: the last one + 1, from 0). With an engine
+        """Publishes `tensors` as `version` (default: the last one + 1, from first_version). With an engine
         (or wait=True) it returns once the version is visible and, with an engine, served; the
         engine is resumed unless resume=False (then call resume_engine())."""
         version = self.next_version if version is None else version
@@ -75,7 +76,11 @@ class DeltaSync:
         if self.engine is not None:
             self._paused_at = time.perf_counter()
             self.engine.pause()
-            report.served_version = self.engine.update(version)
+            try:
+                report.served_version = self.engine.update(version)
+            except BaseException:
+                self.resume_engine()  # it serves what it served before; never leave it paused
+                raise
             if resume:
                 self.resume_engine()
         return report

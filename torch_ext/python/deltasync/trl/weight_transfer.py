@@ -9,6 +9,9 @@ version is visible in the store, for the update itself; resume() ends that pause
     trainer = AsyncGRPOTrainer(model=..., args=..., reward_funcs=...,
                                weight_transfer=DeltaWeightTransfer("s3://bucket/run", engine=...))
 
+Store versions are the trainer's policy versions (`model_version`, which the rollout worker tags
+samples with): the cold sync at train begin publishes version 1, an anchor.
+
 Without an engine the versions are only published; receivers then follow the store on their
 own (deltasync pull --follow, DeltaSubscriber.update())."""
 from __future__ import annotations
@@ -24,7 +27,8 @@ from .sync import DeltaSync, SyncReport
 class DeltaWeightTransfer:
     def __init__(self, store, engine: InferenceEngine | None = None, **publisher_options):
         """`publisher_options` go to deltasync.DeltaPublisher (anchor_every, format, low_memory, ...)."""
-        self.sync = DeltaSync(store, engine, **publisher_options)
+        # AsyncGRPOTrainer counts the policy it announces after a sync from 1.
+        self.sync = DeltaSync(store, engine, first_version=1, **publisher_options)
 
     @property
     def reports(self) -> list[SyncReport]:
