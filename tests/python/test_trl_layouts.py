@@ -81,6 +81,9 @@ def test_ours_read_back_with_the_independent_reader(run_cli, models, tmp_path, f
     run_cli("diff", base_path, new_path, "-o", delta, "--format", fmt, "--model-version", "8", "--base-version", "7")
     md, changes = trl.read_delta(delta)
     assert_bit_identical(trl.apply_delta(base, changes), new)
+    out = tmp_path / "out.safetensors"  # and through deltasync apply, which checks the digests ours carry
+    run_cli("apply", base_path, delta, "-o", out)
+    assert_bit_identical(load(out), new)
     assert md["sparse"] == "True" and md["model_version"] == "8"
     if encoding is None:
         assert md["format"] == "trl"
