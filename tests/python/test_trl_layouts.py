@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import trl_layouts as trl
+import trl_layouts as layouts
 
 BRANCH_KEYS = {"format", "version", "sparse", "model_version", "num_changed_params", "total_changed_elements",
                "total_elements", "sparsity", "encoding"}
@@ -24,7 +24,7 @@ def make_models(seed=0):
     base["proj.f32"] = torch.randn(17, 3, generator=g)
     new = {}
     for name, t in base.items():
-        b = trl.bits(t).clone()
+        b = layouts.bits(t).clone()
         if name == "wide.weight":
             mask = torch.zeros(b.shape, dtype=torch.bool)
             mask[[5, 70000, 70001, 199999]] = True  # gaps 5, 69994, 0, 129997
@@ -53,7 +53,7 @@ def load(path):
 def assert_bit_identical(got: dict, want: dict):
     assert set(got) == set(want)
     for name in want:
-        assert torch.equal(trl.bits(got[name]), trl.bits(want[name])), name
+        assert torch.equal(layouts.bits(got[name]), layouts.bits(want[name])), name
 
 
 @pytest.mark.parametrize("layout", ["blog", "raw", "gap_delta"])
@@ -61,9 +61,9 @@ def test_independent_writers_file_applies_bit_exact(run_cli, models, tmp_path, l
     base_path, _, base, new = models
     delta = tmp_path / "delta.safetensors"
     if layout == "blog":
-        trl.write_blog_delta(delta, base, new, model_version=7)
+        layouts.write_blog_delta(delta, base, new, model_version=7)
     else:
-        trl.write_branch_delta(delta, base, new, model_version=7, encoding=layout)
+        layouts.write_branch_delta(delta, base, new, model_version=7, encoding=layout)
     if layout == "gap_delta":
         with safe_open(str(delta), framework="pt") as f:
             assert f.get_tensor("wide.weight.idx").dtype == torch.uint32  # the per-tensor fallback is exercised
@@ -79,8 +79,8 @@ def test_ours_read_back_with_the_independent_reader(run_cli, models, tmp_path, f
     base_path, new_path, base, new = models
     delta = tmp_path / "delta.safetensors"
     run_cli("diff", base_path, new_path, "-o", delta, "--format", fmt, "--model-version", "8", "--base-version", "7")
-    md, changes = trl.read_delta(delta)
-    assert_bit_identical(trl.apply_delta(base, changes), new)
+    md, changes = layouts.read_delta(delta)
+    assert_bit_identical(layouts.apply_delta(base, changes), new)
     out = tmp_path / "out.safetensors"  # and through deltasync apply, which checks the digests ours carry
     run_cli("apply", base_path, delta, "-o", out)
     assert_bit_identical(load(out), new)
@@ -90,10 +90,10 @@ def test_ours_read_back_with_the_independent_reader(run_cli, models, tmp_path, f
         return
     assert BRANCH_KEYS <= set(md)
     assert md["format"] == "sparse_weight_patch" and md["version"] == "1" and md["encoding"] == encoding
-    total_changed = sum(int((trl.bits(base[n]) != trl.bits(new[n])).sum()) for n in base)
+    total_changed = sum(int((layouts.bits(base[n]) != layouts.bits(new[n])).sum()) for n in base)
     total = sum(t.numel() for t in base.values())
     # TRL's PatchMetadata parses these as int / float.
-    changed_tensors = [n for n in base if not torch.equal(trl.bits(base[n]), trl.bits(new[n]))]
+    changed_tensors = [n for n in base if not torch.equal(layouts.bits(base[n]), layouts.bits(new[n]))]
     assert "frozen.weight" not in changed_tensors and len(changed_tensors) >= 3
     assert int(md["num_changed_params"]) == len(changes) == len(changed_tensors)  # no pair for unchanged tensors
     assert int(md["total_changed_elements"]) == total_changed and int(md["total_elements"]) == total
@@ -110,7 +110,7 @@ def test_python_serialize_path_writes_the_branch_layout(models, tmp_path):
     _, _, base, new = models
     names = list(base)
     meta = [(n, base[n].dtype, tuple(base[n].shape)) for n in names]
-    positions = [trl.changed_positions(base[n], new[n]) for n in names]
+    positions = [layouts.changed_positions(base[n], new[n]) for n in names]
     indices = torch.from_numpy(np.concatenate(positions))
     values = torch.cat([new[n].flatten()[torch.from_numpy(p)].contiguous().view(torch.uint8)
                         for n, p in zip(names, positions)])
@@ -120,9 +120,9 @@ def test_python_serialize_path_writes_the_branch_layout(models, tmp_path):
                                       [0] * len(names))
         path = tmp_path / f"{fmt}.safetensors"
         path.write_bytes(data)
-        md, changes = trl.read_delta(path)
+        md, changes = layouts.read_delta(path)
         assert md["encoding"] == encoding
-        assert_bit_identical(trl.apply_delta(base, changes), new)
+        assert_bit_identical(layouts.apply_delta(base, changes), new)
         parsed = _files.parse_delta(data, "delta", meta)
         assert parsed.format == fmt and parsed.version == 3 and parsed.base_version == 2
 

@@ -12,16 +12,25 @@ receivers follow the store on their own. The callback must see the same paramete
 step: a single process, or rank 0 of a run whose parameters are whole there (not FSDP shards)."""
 from __future__ import annotations
 
+import logging
+
 from transformers import TrainerCallback
 
 from .engine import InferenceEngine
 from .sync import DeltaSync
 
+logger = logging.getLogger(__name__)
+
 
 def _policy(model):
-    """The parameters vLLM would receive: trainable ones, under the names of the unwrapped model."""
+    """The parameters a receiver loads: the trainable ones, under the names of the unwrapped model."""
     model = getattr(model, "module", model)  # DDP
-    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    pairs = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    sharded = [name for name, p in pairs if type(p.data).__name__ == "DTensor"]
+    if sharded:
+        raise ValueError(f"deltasync.trl.DeltaSyncCallback: parameter {sharded[0]} is an FSDP shard; the callback "
+                         "publishes whole parameters (one process or DDP)")
+    return pairs
 
 
 class DeltaSyncCallback(TrainerCallback):
@@ -38,6 +47,9 @@ class DeltaSyncCallback(TrainerCallback):
             self.sync.publish(_policy(model), version=state.global_step)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if getattr(args, "use_vllm", False):
+            logger.warning("deltasync.trl.DeltaSyncCallback: use_vllm=True, so TRL still sends the weights to vLLM "
+                           "itself; the callback publishes them to the store in addition")
         if self.sync.publisher is None:
             self._publish(state, model)
 
