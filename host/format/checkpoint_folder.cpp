@@ -62,6 +62,13 @@ WeightMap parse_index(const std::string& index_path, const std::string& text, st
   return out;
 }
 
+// Every tensor of a file, whatever its dtype (verify digests any; tensors() insists on weights).
+std::vector<TensorMeta> tensor_list(const st::File& file) {
+  std::vector<TensorMeta> out;
+  for (const st::TensorInfo& t : file.tensors()) out.push_back(TensorMeta{t.name, t.dtype, t.shape});
+  return out;
+}
+
 std::vector<std::string> safetensors_files_in(const std::string& folder) {
   std::vector<std::string> out;
   std::error_code ec;
@@ -83,7 +90,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
   if (!fs::is_directory(path, ec)) {
     // A single file: st::File::open says what is wrong with it (missing, not safetensors, ...).
     Shard shard{fs::path(path).filename().string(), path, st::File::open(path), {}};
-    shard.tensors = model_tensors(shard.data);
+    shard.tensors = tensor_list(shard.data);
     c.shards_.push_back(std::move(shard));
   } else {
     c.folder_ = true;
@@ -117,7 +124,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
     for (const std::string& f : files) {
       const std::string shard_path = (fs::path(path) / f).string();
       Shard shard{f, shard_path, st::File::open(shard_path), {}};
-      shard.tensors = model_tensors(shard.data);
+      shard.tensors = tensor_list(shard.data);
       c.shards_.push_back(std::move(shard));
     }
     c.index_names();
@@ -153,7 +160,10 @@ void Checkpoint::index_names() {
 
 std::vector<TensorMeta> Checkpoint::tensors() const {
   std::vector<TensorMeta> out;
-  for (const Shard& s : shards_) out.insert(out.end(), s.tensors.begin(), s.tensors.end());
+  for (const Shard& s : shards_) {
+    const std::vector<TensorMeta> weights = model_tensors(s.data);  // Error for a non-weight dtype
+    out.insert(out.end(), weights.begin(), weights.end());
+  }
   return out;
 }
 

@@ -36,7 +36,7 @@ class Checkpoint {
     std::string file;  // name inside the folder; for a single-file checkpoint, the file's name
     std::string path;  // full path
     st::File data;     // mapped and validated
-    std::vector<TensorMeta> tensors;  // model tensors of this shard, header order
+    std::vector<TensorMeta> tensors;  // every tensor of this shard, header order
   };
 
   // Opens a file or a folder. Throws Error("PATH: reason").
@@ -46,7 +46,8 @@ class Checkpoint {
   bool is_folder() const { return folder_; }
   // Shards in file-name order (one for a single file).
   const std::vector<Shard>& shards() const { return shards_; }
-  // Every model tensor: shard by shard, each in header order.
+  // Every model tensor: shard by shard, each in header order. Error("SHARD: ...") for a tensor
+  // whose dtype is not a weight dtype.
   std::vector<TensorMeta> tensors() const;
   // The mapped bytes of a tensor, or nullopt when no shard holds it.
   struct Located {
