@@ -8,19 +8,13 @@ botocore and the Rust SDK, with 302 to a "CDN" on a second loopback address (127
 carries a pre-signed query. The CDN serves the stashed response and records the headers of
 every request it receives, so a test can check that no credential ever reached it.
 """
-import http.client
-import http.server
 import secrets
-import socketserver
 import threading
 import urllib.parse
 
+from fault_proxy import QuietHandler, ThreadingServer, forward
+
 SIGNATURE_MARK = "CDN-PRESIGNED-SIGNATURE-0123456789"
-
-
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
 
 
 class GatewayEmulator:
@@ -35,20 +29,8 @@ class GatewayEmulator:
         self.lock = threading.Lock()
         emulator = self
 
-        class Gateway(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _send(self, status, headers, data):
-                self.send_response(status)
-                for k, v in headers:
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
+        class Gateway(QuietHandler):
+            _send = QuietHandler.send_all
 
             def _refuse(self, reason):
                 with emulator.lock:
@@ -70,31 +52,20 @@ class GatewayEmulator:
                     return self._refuse("only ListObjectsV2 is supported")
                 if "delimiter" in query and query["delimiter"] != ["/"]:
                     return self._refuse("only '/' is supported as a delimiter")
-                conn = http.client.HTTPConnection(*emulator.upstream, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
-                conn.request(self.command, self.path, body=body or None, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                out = [(k, v) for k, v in resp.getheaders() if k.lower() not in ("transfer-encoding", "connection", "content-length")]
-                conn.close()
+                status, out, data = forward(emulator.upstream, self.command, self.path, self.headers, body)
                 is_object_get = self.command == "GET" and "list-type" not in query and "uploadId" not in query
-                if is_object_get and resp.status in (200, 206):
+                if is_object_get and status in (200, 206):
                     token = secrets.token_hex(8)
                     with emulator.lock:
-                        emulator.stash[token] = (resp.status, out, data)
+                        emulator.stash[token] = (status, out, data)
                     base = redirect_base or emulator.cdn_url
                     location = f"{base}/cdn/{token}?X-Amz-Expires=60&X-Amz-Signature={SIGNATURE_MARK}"
                     return self._send(302, [("Location", location)], b"")
-                self._send(resp.status, out, data)
+                self._send(status, out, data)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        class Cdn(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Cdn(QuietHandler):
             def do_GET(self):
                 with emulator.lock:
                     emulator.cdn_requests.append((self.command, self.path, dict(self.headers.items())))
@@ -104,20 +75,11 @@ class GatewayEmulator:
                 with emulator.lock:
                     stashed = emulator.stash.get(token)
                 if not signed or stashed is None:
-                    self.send_response(403)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                status, headers, data = stashed
-                self.send_response(status)
-                for k, v in headers:
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                    return self.send_all(403, [], b"")
+                self.send_all(*stashed)
 
-        self.gateway = _Server(("127.0.0.1", 0), Gateway)
-        self.cdn = _Server((cdn_host, 0), Cdn)
+        self.gateway = ThreadingServer(("127.0.0.1", 0), Gateway)
+        self.cdn = ThreadingServer((cdn_host, 0), Cdn)
         self.url = f"http://127.0.0.1:{self.gateway.server_address[1]}"
         self.cdn_url = f"http://{cdn_host}:{self.cdn.server_address[1]}"
         self.threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (self.gateway, self.cdn)]
