@@ -3,7 +3,7 @@
 
 VENV=${VENV:-$ROOT/.venv}
 DEBIAN_PACKAGES=(cmake ninja-build g++ pkg-config git nlohmann-json3-dev libgtest-dev libzstd-dev
-                 libcurl4-openssl-dev libssl-dev zstd curl)
+                 libcurl4-openssl-dev libssl-dev libexpat1-dev zstd curl)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
