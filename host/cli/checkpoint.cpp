@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include "core/error.hpp"
 
@@ -54,24 +55,33 @@ std::optional<uint64_t> recorded_version(const st::File& file) {
   return v;
 }
 
-std::vector<const uint8_t*> matching_tensors(const st::File& other, const std::vector<TensorMeta>& base) {
+std::vector<const uint8_t*> matching_tensors(const Checkpoint& other, const std::vector<TensorMeta>& base) {
   std::vector<const uint8_t*> out;
   for (const auto& m : base) {
-    const st::TensorInfo* t = other.find(m.name);
-    if (!t) throw Error(other.label() + ": tensor " + m.name + " is missing (the base has it)");
-    if (t->dtype != m.dtype)
-      throw Error(other.label() + ": tensor " + m.name + " has dtype " + std::string(dtype_name(t->dtype)) +
-                  " but " + std::string(dtype_name(m.dtype)) + " in the base");
-    if (t->shape != m.shape) throw Error(other.label() + ": tensor " + m.name + " has another shape than in the base");
-    out.push_back(other.bytes(*t).data());
+    const auto at = other.find(m.name);
+    if (!at) throw Error(other.path() + ": tensor " + m.name + " is missing (the base has it)");
+    const std::string& label = other.shards()[at->shard].path;
+    const st::TensorInfo& t = *at->info;
+    if (t.dtype != m.dtype)
+      throw Error(label + ": tensor " + m.name + " has dtype " + std::string(dtype_name(t.dtype)) + " but " +
+                  std::string(dtype_name(m.dtype)) + " in the base");
+    if (t.shape != m.shape) throw Error(label + ": tensor " + m.name + " has another shape than in the base");
+    out.push_back(other.bytes(*at).data());
   }
-  if (other.tensors().size() != base.size()) {
-    for (const auto& t : other.tensors()) {
-      bool known = false;
-      for (const auto& m : base) known = known || m.name == t.name;
-      if (!known) throw Error(other.label() + ": tensor " + t.name + " is not in the base");
-    }
+  const std::vector<TensorMeta> all = other.tensors();
+  if (all.size() != base.size()) {
+    std::set<std::string_view> known;
+    for (const auto& m : base) known.insert(m.name);
+    for (const auto& t : all)
+      if (!known.count(t.name)) throw Error(other.path() + ": tensor " + t.name + " is not in the base");
   }
+  return out;
+}
+
+std::vector<ConstTensorRef> checkpoint_views(const Checkpoint& checkpoint, const std::vector<TensorMeta>& tensors) {
+  std::vector<ConstTensorRef> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back({t.name, checkpoint.bytes(*checkpoint.find(t.name)).data(), t.numel(), t.width()});
   return out;
 }
 

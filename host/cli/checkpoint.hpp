@@ -4,16 +4,17 @@
 #include <string>
 #include <vector>
 
-#include "format/delta_file.hpp"
 #include "core/huge_buffer.hpp"
-#include "format/safetensors.hpp"
 #include "core/tensor.hpp"
+#include "format/checkpoint_folder.hpp"
+#include "format/delta_file.hpp"
+#include "format/safetensors.hpp"
 
 namespace deltasync::cli {
 
-// A checkpoint's raw bytes in memory (a private, writable copy of the file) with its parsed
-// layout: apply patches these bytes in place and writes them back, so the output keeps the
-// input's header byte for byte.
+// One safetensors file's raw bytes in memory (a private, writable copy of the file; of one
+// shard, for a checkpoint folder) with its parsed layout: apply patches these bytes in place and
+// writes them back, so the output keeps the input's header byte for byte.
 struct CheckpointImage {
   st::File file;                 // the validated, mapped original
   std::vector<TensorMeta> meta;  // header order
@@ -31,9 +32,13 @@ struct CheckpointImage {
 // The model_version recorded in a file's metadata, if any (Error when present but malformed).
 std::optional<uint64_t> recorded_version(const st::File& file);
 
-// Checks that `other` holds exactly the tensors of `base` (names, dtypes, shapes) and returns,
-// for each base tensor, its bytes in `other`. Error("OTHER: ...") names the first difference.
-std::vector<const uint8_t*> matching_tensors(const st::File& other, const std::vector<TensorMeta>& base);
+// Checks that `other` holds exactly the tensors of `base` (names, dtypes, shapes), whatever its
+// shard split, and returns for each base tensor its bytes in `other`. Error("OTHER: ...") names
+// the first difference.
+std::vector<const uint8_t*> matching_tensors(const Checkpoint& other, const std::vector<TensorMeta>& base);
+
+// Views of every tensor of a checkpoint (mapped, not copied), in Checkpoint::tensors() order.
+std::vector<ConstTensorRef> checkpoint_views(const Checkpoint& checkpoint, const std::vector<TensorMeta>& tensors);
 
 // "12.3 MB" style sizes for human-readable lines.
 std::string human_bytes(double bytes);

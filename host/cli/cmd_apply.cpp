@@ -2,8 +2,12 @@
 // checked before anything is patched and its result digests after; OUT is written (atomically)
 // only when both hold. OUT keeps BASE's header byte for byte, except that a model_version and
 // digests recorded in BASE's metadata are brought up to date, so a chain of applies verifies.
+// A checkpoint folder is patched one shard at a time into a temporary folder (same shard files,
+// the index kept byte for byte) that replaces OUT once every shard has been checked.
 #include <chrono>
 #include <cstdio>
+#include <optional>
+#include <set>
 
 #include "args.hpp"
 #include "backend.hpp"
@@ -20,7 +24,15 @@ namespace {
 constexpr const char* kUsage = "apply BASE DELTA -o OUT [--cpu|--gpu]";
 
 // Full digests of the tensors the delta changes (0 for the others), in base tensor order.
-std::vector<uint64_t> changed_digests(const CheckpointImage& image, const ResolvedDelta& delta) {
+// The part of a delta that patches one file (one shard of a folder, or the whole file):
+// patches[t] for the file's tensor t, and the promises about those tensors.
+struct FilePatch {
+  std::vector<PatchRef> patches;
+  std::optional<integrity::DeltaDigests> promises;
+  uint64_t model_version = 0;
+};
+
+std::vector<uint64_t> changed_digests(const CheckpointImage& image, const FilePatch& delta) {
   const std::vector<ConstTensorRef> all = image.views();
   std::vector<ConstTensorRef> changed;
   for (size_t t = 0; t < all.size(); ++t)
@@ -32,7 +44,7 @@ std::vector<uint64_t> changed_digests(const CheckpointImage& image, const Resolv
   return out;
 }
 
-integrity::DigestMap by_name(const CheckpointImage& image, const ResolvedDelta& delta, const std::vector<uint64_t>& d) {
+integrity::DigestMap by_name(const CheckpointImage& image, const FilePatch& delta, const std::vector<uint64_t>& d) {
   integrity::DigestMap out;
   for (size_t t = 0; t < image.meta.size(); ++t)
     if (delta.patches[t].count) out.emplace(image.meta[t].name, d[t]);
@@ -43,11 +55,10 @@ integrity::DigestMap by_name(const CheckpointImage& image, const ResolvedDelta& 
 // elements) (digests updated from the old bits, rolled back on a mismatch); the GPU path checks
 // the result by rehashing the changed tensors once they are back on the host. Returns the
 // digests after the apply (0 for unchanged tensors).
-std::vector<uint64_t> apply_checked(Backend backend, CheckpointImage& image, const ResolvedDelta& delta,
-                                    const integrity::DeltaDigests& promises) {
+std::vector<uint64_t> apply_checked(Backend backend, CheckpointImage& image, const FilePatch& delta,
+                                    const integrity::DeltaDigests& promises, std::optional<uint64_t> version) {
   std::vector<uint64_t> digests = changed_digests(image, delta);
   const std::vector<TensorRef> targets = image.targets();
-  const auto version = recorded_version(image.file);
   if (backend == Backend::Cpu) {
     integrity::apply_verified(targets, delta.patches, promises, digests, version);
     return digests;
@@ -59,7 +70,7 @@ std::vector<uint64_t> apply_checked(Backend backend, CheckpointImage& image, con
   return digests;
 }
 
-void write_output(const std::string& path, CheckpointImage& image, const ResolvedDelta& delta,
+void write_output(const std::string& path, CheckpointImage& image, const FilePatch& delta,
                   const std::vector<uint64_t>& new_digests) {
   const st::Metadata& old_md = image.file.metadata();
   const bool versioned = old_md.count("model_version") > 0;
@@ -70,7 +81,7 @@ void write_output(const std::string& path, CheckpointImage& image, const Resolve
     return;
   }
   st::Metadata md = old_md;
-  if (versioned) md["model_version"] = std::to_string(delta.info.model_version);
+  if (versioned) md["model_version"] = std::to_string(delta.model_version);
   if (old_digests) {
     integrity::DigestMap digests = *old_digests;
     const bool known = !new_digests.empty();
@@ -84,6 +95,50 @@ void write_output(const std::string& path, CheckpointImage& image, const Resolve
   st::write_file(path, tensors, md);
 }
 
+// The patches and promises of `delta` that concern the tensors base_meta[first, first + n).
+FilePatch file_patch(const ResolvedDelta& delta, const std::optional<integrity::DeltaDigests>& promises,
+                     const std::vector<TensorMeta>& base_meta, size_t first, size_t n) {
+  FilePatch out;
+  out.model_version = delta.info.model_version;
+  out.patches.assign(delta.patches.begin() + static_cast<ptrdiff_t>(first), delta.patches.begin() + static_cast<ptrdiff_t>(first + n));
+  if (promises) {
+    integrity::DeltaDigests part{promises->model_version, promises->base_version, {}, {}};
+    for (size_t t = first; t < first + n; ++t) {
+      const std::string& name = base_meta[t].name;
+      if (auto it = promises->base.find(name); it != promises->base.end()) part.base.emplace(name, it->second);
+      if (auto it = promises->result.find(name); it != promises->result.end()) part.result.emplace(name, it->second);
+    }
+    out.promises = std::move(part);
+  }
+  return out;
+}
+
+// Patches one file's image in place and checks it; returns the digests after (see apply_checked).
+std::vector<uint64_t> patch_file(Backend backend, CheckpointImage& image, const FilePatch& patch,
+                                 std::optional<uint64_t> version, const std::string& delta_label) {
+  if (!patch.promises) {
+    apply_on(backend, image.targets(), patch.patches);
+    return {};
+  }
+  try {
+    return apply_checked(backend, image, patch, *patch.promises, version);
+  } catch (const Error& e) {
+    throw Error(delta_label + ": " + e.what());
+  }
+}
+
+// Every tensor a delta's digests name must be one it changes: in a folder the promises are split
+// by shard, so one naming a tensor of no shard would otherwise go unchecked.
+void check_promises_name_changes(const ResolvedDelta& delta, const integrity::DeltaDigests& promises,
+                                 const std::vector<TensorMeta>& base_meta, const std::string& label) {
+  std::set<std::string_view> changed;
+  for (size_t t = 0; t < base_meta.size(); ++t)
+    if (delta.patches[t].count) changed.insert(base_meta[t].name);
+  for (const auto* map : {&promises.base, &promises.result})
+    for (const auto& [name, digest] : *map)
+      if (!changed.count(name)) throw Error(label + ": digests name tensor " + name + ", which the delta does not change");
+}
+
 int run_apply(const Args& raw) {
   ParsedArgs args(raw, {"-o", "--output"}, kBackendSwitches);
   args.expect_positional(2, kUsage);
@@ -92,23 +147,38 @@ int run_apply(const Args& raw) {
   const Backend backend = choose_backend(args);
   const auto t0 = std::chrono::steady_clock::now();
 
-  CheckpointImage image = CheckpointImage::load(args.positional()[0]);
+  // The base mapped whole (the compact layout decodes values relative to its bits, reading only
+  // the changed positions); patched below one file at a time.
+  const Checkpoint base = Checkpoint::open(args.positional()[0]);
+  const std::vector<TensorMeta> base_meta = base.tensors();
   const st::File delta_file = st::File::open(args.positional()[1]);
   ResolvedDelta delta;
-  resolve_delta(delta_file, image.meta, image.views(), delta);
-
+  resolve_delta(delta_file, base_meta, checkpoint_views(base, base_meta), delta);
   const auto promises = integrity::read_delta_digests(delta.info, delta_file.label());
-  std::vector<uint64_t> new_digests;
-  if (promises) {
-    try {
-      new_digests = apply_checked(backend, image, delta, *promises);
-    } catch (const Error& e) {
-      throw Error(delta_file.label() + ": " + e.what());
-    }
+  if (promises) check_promises_name_changes(delta, *promises, base_meta, delta_file.label());
+  const std::optional<uint64_t> version = base.recorded_version();
+
+  if (!base.is_folder()) {
+    CheckpointImage image = CheckpointImage::load(base.path());
+    const FilePatch patch = file_patch(delta, promises, base_meta, 0, base_meta.size());
+    const std::vector<uint64_t> new_digests = patch_file(backend, image, patch, version, delta_file.label());
+    write_output(out_path, image, patch, new_digests);
   } else {
-    apply_on(backend, image.targets(), delta.patches);
+    FolderWriter folder(out_path);
+    size_t first = 0;
+    for (const auto& shard : base.shards()) {
+      CheckpointImage image = CheckpointImage::load(shard.path);
+      const FilePatch patch = file_patch(delta, promises, base_meta, first, image.meta.size());
+      first += image.meta.size();
+      // Also for a shard the delta leaves alone: the version check belongs to every shard.
+      const std::vector<uint64_t> new_digests = patch_file(backend, image, patch, version, delta_file.label());
+      write_output(folder.path_of(shard.file), image, patch, new_digests);
+    }
+    const std::string& index = base.index_text();
+    if (!index.empty()) folder.write_bytes(kIndexFileName, {reinterpret_cast<const uint8_t*>(index.data()), index.size()});
+    folder.copy_files(base.path(), base.other_files());  // config.json, tokenizer files: OUT is a whole checkpoint
+    folder.commit();
   }
-  write_output(out_path, image, delta, new_digests);
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s: applied %llu changes to %zu tensors (%s delta, %s), %s backend, %.3f s\n", out_path.c_str(),

@@ -1,6 +1,8 @@
-// deltasync inspect FILE: what a file is (delta, anchor or plain checkpoint), its version, and
-// how much it holds, read from the header alone (no tensor data is touched).
+// deltasync inspect FILE|FOLDER: what a file is (delta, anchor or plain checkpoint) or what a
+// checkpoint folder holds, its version, and how much, read from the headers alone (no tensor
+// data is touched).
 #include <cstdio>
+#include <filesystem>
 
 #include "args.hpp"
 #include "checkpoint.hpp"
@@ -10,7 +12,7 @@
 namespace deltasync::cli {
 namespace {
 
-constexpr const char* kUsage = "inspect FILE";
+constexpr const char* kUsage = "inspect FILE|FOLDER";
 
 // Number of entries of a JSON list/object stored as a metadata string (0 when absent).
 size_t json_size(const st::Metadata& md, const char* key, const std::string& label) {
@@ -27,9 +29,33 @@ std::string meta_or(const st::Metadata& md, const char* key, const char* fallbac
   return it == md.end() ? fallback : it->second;
 }
 
+int inspect_folder(const std::string& path) {
+  const Checkpoint c = Checkpoint::open(path);
+  uint64_t elements = 0, bytes = 0;
+  size_t tensors = 0, with_digests = 0;
+  for (const auto& shard : c.shards()) {
+    for (const auto& t : shard.tensors) elements += t.numel();
+    tensors += shard.tensors.size();
+    bytes += shard.data.size_bytes();
+    with_digests += shard.data.metadata().count("digests");
+  }
+  const auto version = c.recorded_version();
+  std::printf("file: %s\n", c.path().c_str());
+  std::printf("kind: checkpoint folder\n");
+  std::printf("shards: %zu (%s)\n", c.shards().size(), c.index_text().empty() ? "no index" : kIndexFileName);
+  std::printf("version: %s\n", version ? std::to_string(*version).c_str() : "unknown");
+  std::printf("tensors: %zu\n", tensors);
+  std::printf("elements: %llu\n", static_cast<unsigned long long>(elements));
+  std::printf("bytes: %llu (tensor data %llu)\n", static_cast<unsigned long long>(bytes),
+              static_cast<unsigned long long>(c.tensor_bytes()));
+  std::printf("digests: %s\n", with_digests == 0 ? "none" : with_digests == c.shards().size() ? "recorded" : "in some shards");
+  return 0;
+}
+
 int run_inspect(const Args& raw) {
   ParsedArgs args(raw, {}, {});
   args.expect_positional(1, kUsage);
+  if (std::filesystem::is_directory(args.positional()[0])) return inspect_folder(args.positional()[0]);
   const st::File file = st::File::open(args.positional()[0]);
   const st::Metadata& md = file.metadata();
   const std::string sparse = meta_or(md, "sparse", "");

@@ -1,4 +1,5 @@
-// deltasync publish CHECKPOINT --store URL --version N [--state DIR]: makes CHECKPOINT version N
+// deltasync publish CHECKPOINT --store URL --version N [--state DIR]: makes CHECKPOINT (a
+// safetensors file or a checkpoint folder) version N
 // of the store — a delta against the last published weights (the shadow), plus an anchor when
 // one is due — and returns once the version is visible.
 //
@@ -77,10 +78,10 @@ int run_publish(const Args& raw) {
   const auto start = std::chrono::steady_clock::now();
 
   std::shared_ptr<Store> store = open_store(args.require("--store"));
-  const st::File checkpoint = st::File::open(args.positional()[0]);
-  std::vector<TensorMeta> tensors = model_tensors(checkpoint);
-  std::vector<ConstTensorRef> current;
-  for (const auto& t : tensors) current.push_back(ConstTensorRef{t.name, checkpoint.bytes(checkpoint.at(t.name)).data(), t.numel(), t.width()});
+  // A file or a checkpoint folder, mapped shard by shard (the publisher reads, never copies, it).
+  const Checkpoint checkpoint = Checkpoint::open(args.positional()[0]);
+  std::vector<TensorMeta> tensors = checkpoint.tensors();
+  const std::vector<ConstTensorRef> current = checkpoint_views(checkpoint, tensors);
 
   PublisherOptions options;
   options.anchor_every = args.get_u64("--anchor-every").value_or(options.anchor_every);

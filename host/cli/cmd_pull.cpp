@@ -1,7 +1,9 @@
 // deltasync pull --store URL -o OUT [--version N]: brings the checkpoint OUT to version N (default:
 // the newest) — created when missing, otherwise updated from the version its metadata records by
 // the cheapest catch-up — and replaces it atomically. Weights that do not match their recorded
-// version are rebuilt from an anchor.
+// version are rebuilt from an anchor. OUT is a file, or a checkpoint folder (an existing folder,
+// or a new name without .safetensors): a folder keeps its shard split, a new one is split in
+// shards of at most --max-shard-bytes (5 GB, as save_pretrained does).
 //
 // --follow SECONDS keeps OUT at the newest version: LATEST is polled every SECONDS (a
 // conditional GET, nothing moves while it is unchanged) until interrupted, or until
@@ -14,6 +16,7 @@
 
 #include "args.hpp"
 #include "checkpoint.hpp"
+#include "model_files.hpp"
 #include "command.hpp"
 #include "core/error.hpp"
 #include "sync/subscriber.hpp"
@@ -23,7 +26,16 @@ namespace deltasync::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "pull --store URL -o OUT [--version N | --follow SECONDS [--until-version N]] [--quiet]";
+    "pull --store URL -o OUT [--version N | --follow SECONDS [--until-version N]] [--max-shard-bytes B] [--quiet]";
+
+// Where OUT lives and how it is split.
+struct Output {
+  std::string path;
+  FolderLayout layout;
+  bool has_layout = false;
+  uint64_t max_shard_bytes = kDefaultMaxShardBytes;
+  void save(const HostModel& model) const { save_model(model, path, has_layout ? &layout : nullptr, max_shard_bytes); }
+};
 
 volatile std::sig_atomic_t stop_requested = 0;
 void request_stop(int) { stop_requested = 1; }
@@ -47,8 +59,8 @@ void print_update(const std::string& out_path, const SyncReport& report, double 
   std::fflush(stdout);
 }
 
-int follow(Subscriber& subscriber, HostModel& model, const std::string& out_path, double interval,
-           std::optional<uint64_t> until) {
+int follow(Subscriber& subscriber, HostModel& model, const Output& out, double interval, std::optional<uint64_t> until) {
+  const std::string& out_path = out.path;
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
   while (!stop_requested) {
@@ -57,7 +69,7 @@ int follow(Subscriber& subscriber, HostModel& model, const std::string& out_path
     if (newest && (!model.version || *model.version != *newest)) {
       try {
         const SyncReport report = subscriber.sync(model, newest);
-        model.save(out_path);
+        out.save(model);
         print_update(out_path, report, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       } catch (const Error& e) {
         // A follower outlives one bad moment (store down, version deleted meanwhile): OUT keeps
@@ -73,7 +85,7 @@ int follow(Subscriber& subscriber, HostModel& model, const std::string& out_path
 }
 
 int run_pull(const Args& raw) {
-  ParsedArgs args(raw, {"--store", "-o", "--output", "--version", "--follow", "--until-version"}, {"--quiet"});
+  ParsedArgs args(raw, {"--store", "-o", "--output", "--version", "--follow", "--until-version", "--max-shard-bytes"}, {"--quiet"});
   args.expect_positional(0, kUsage);
   const bool quiet = args.has("--quiet");
   const std::string out_path = args.get("-o").value_or(args.get("--output").value_or(""));
@@ -86,25 +98,31 @@ int run_pull(const Args& raw) {
   if (!quiet) options.log = [](const std::string& line) { std::fprintf(stderr, "pull: %s\n", line.c_str()); };
   Subscriber subscriber(*store, options);
 
+  Output out{out_path, {}, false, args.get_u64("--max-shard-bytes").value_or(kDefaultMaxShardBytes)};
+  if (out.max_shard_bytes == 0) throw Error("option --max-shard-bytes must be positive");
   HostModel model;
   if (std::filesystem::exists(out_path)) {
     try {
-      model = HostModel::load(out_path);
+      const Checkpoint existing = Checkpoint::open(out_path);
+      model = load_model(existing, existing.is_folder() ? &out.layout : nullptr);
+      out.has_layout = existing.is_folder();
     } catch (const Error& e) {
       // An unreadable OUT is rebuilt from the store rather than refused: it is ours to replace.
       if (!quiet) std::fprintf(stderr, "pull: %s; rebuilding it from the store\n", e.what());
       model = HostModel{};
+      out.layout = {};
+      out.has_layout = false;
     }
   }
   if (auto interval = args.get("--follow")) {
     if (args.get("--version")) throw Error("--follow and --version exclude each other: " + std::string(kUsage));
-    return follow(subscriber, model, out_path, parse_interval(*interval), args.get_u64("--until-version"));
+    return follow(subscriber, model, out, parse_interval(*interval), args.get_u64("--until-version"));
   }
   if (args.get("--until-version")) throw Error("--until-version needs --follow: " + std::string(kUsage));
   const SyncReport report = subscriber.sync(model, args.get_u64("--version"));
   finish_progress();
   const bool changed = !report.from || *report.from != report.to || report.recovered;
-  if (changed) model.save(out_path);
+  if (changed) out.save(model);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!changed) {
     std::printf("%s: already at version %llu\n", out_path.c_str(), static_cast<unsigned long long>(report.to));

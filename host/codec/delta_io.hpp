@@ -1,5 +1,5 @@
 // One entry point for writing and reading deltas whatever their layout: the interoperable TRL
-// layout (indices + values) or the compact codec. Readers tell the two apart by the file's
+// layouts (NAME.indices + NAME.values, or TRL's later NAME.idx + NAME.val) or the compact codec. Readers tell the two apart by the file's
 // `format` metadata, so callers never need to know which one a producer chose.
 #pragma once
 #include <span>
@@ -13,9 +13,11 @@
 
 namespace deltasync {
 
-enum class DeltaFormat { Trl, Compact };
+// Trl: NAME.indices/NAME.values (TRL's blog layout). TrlIdx / TrlIdxRaw: TRL's later
+// NAME.idx/NAME.val layout with gap_delta (TRL's default) or raw index encoding.
+enum class DeltaFormat { Trl, Compact, TrlIdx, TrlIdxRaw };
 
-// "trl" or "compact"; throws Error for anything else.
+// "trl", "trl-idx", "trl-idx-raw" or "compact"; throws Error for anything else.
 DeltaFormat parse_delta_format(std::string_view name);
 std::string_view delta_format_name(DeltaFormat format);
 
@@ -27,14 +29,15 @@ void write_delta(const std::string& path, DeltaFormat format, std::span<const Te
                  const DeltaView& delta, const DeltaInfo& info);
 
 // A delta file matched against a base model: patches[t] changes base tensor t (count 0 where
-// unchanged). Patches point into `file` (TRL) or into `decoded` (compact), so the file and this
-// object must outlive them.
+// unchanged). Patches point into `file` (TRL), into `decoded` (compact) or into
+// `decoded_positions` (gap_delta), so the file and this object must outlive them.
 struct ResolvedDelta {
   DeltaFormat format = DeltaFormat::Trl;
   DeltaInfo info;
   std::vector<std::string> changed_names;
   std::vector<PatchRef> patches;
   compact::DecodedDelta decoded;  // storage for compact deltas
+  std::vector<int64_t> decoded_positions;  // storage for gap_delta positions
   uint64_t total_changed() const;
 };
 
@@ -43,7 +46,7 @@ struct ResolvedDelta {
 // Error("LABEL: reason") for an anchor, a corrupt file or a delta made for another model.
 void resolve_delta(const st::File& file, std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base,
                    ResolvedDelta& out);
-// The interoperable (TRL) branch of resolve_delta alone: needs no base bits, and the patches
+// The interoperable (TRL layouts) branch of resolve_delta alone: needs no base bits, and the patches
 // point into `file` (host memory), ready to be uploaded by an engine whose weights live elsewhere.
 void resolve_trl_delta(const st::File& file, std::span<const TensorMeta> base_meta, ResolvedDelta& out);
 

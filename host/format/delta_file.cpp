@@ -22,8 +22,13 @@
 #include <unordered_map>
 
 #include "core/error.hpp"
+#include "format/delta_file_internal.hpp"
 
 namespace deltasync {
+
+using detail::fail;
+using detail::metadata_u64;
+
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -37,14 +42,13 @@ constexpr std::string_view kTypedKeys[] = {"sparse", "format", "model_version", 
 // Keys the writer derives from the data. A parsed file keeps them in `extra` (inspect shows them);
 // when such an `extra` is written again, the freshly computed values replace them.
 constexpr std::string_view kDerivedKeys[] = {"sparsity", "changed_params", "total_elements",
-                                             "total_changed_elements", "tensor_shapes"};
+                                             "total_changed_elements", "tensor_shapes",
+                                             // TRL's NAME.idx/NAME.val layout (delta_file_trl_idx.cpp)
+                                             "version", "num_changed_params", "encoding"};
 
 bool is_one_of(std::string_view key, std::span<const std::string_view> keys) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
-
-[[noreturn]] void fail(const std::string& label, const std::string& reason) { throw BadInputError(label + ": " + reason); }
-
 
 std::optional<uint64_t> parse_decimal(std::string_view text) {
   uint64_t value = 0;
@@ -52,12 +56,6 @@ std::optional<uint64_t> parse_decimal(std::string_view text) {
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
   return value;
-}
-
-uint64_t metadata_u64(const st::Metadata& md, const std::string& key, const std::string& label) {
-  const auto value = parse_decimal(md.at(key));
-  if (!value) fail(label, "metadata " + key + " \"" + md.at(key) + "\" is not a non-negative integer");
-  return *value;
 }
 
 std::string sparsity_text(uint64_t changed, uint64_t total) {
@@ -161,12 +159,19 @@ std::vector<int32_t> narrow_indices(std::span<const int64_t> indices, const Tens
   return narrow;
 }
 
-template <typename T>
-std::span<const uint8_t> as_bytes_span(std::span<const T> values) {
-  return {reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()};
+}  // namespace
+
+namespace detail {
+
+void fail(const std::string& label, const std::string& reason) { throw BadInputError(label + ": " + reason); }
+
+uint64_t metadata_u64(const st::Metadata& md, const std::string& key, const std::string& label) {
+  const auto value = parse_decimal(md.at(key));
+  if (!value) fail(label, "metadata " + key + " \"" + md.at(key) + "\" is not a non-negative integer");
+  return *value;
 }
 
-}  // namespace
+}  // namespace detail
 
 uint64_t TensorMeta::numel() const {
   uint64_t n = 1;
@@ -210,37 +215,53 @@ st::Metadata delta_metadata(const std::string& label, std::span<const TensorMeta
   return md;
 }
 
+namespace detail {
+
+void check_delta_for_write(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta) {
+  if (delta.num_tensors() != tensors.size()) {
+    fail(path, "delta covers " + std::to_string(delta.num_tensors()) + " tensors but the model has " +
+                   std::to_string(tensors.size()));
+  }
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const uint64_t value_bytes = delta.value_offsets[t + 1] - delta.value_offsets[t];
+    if (value_bytes != delta.count(t) * tensors[t].width()) {
+      fail(path, "tensor " + tensors[t].name + ": " + std::to_string(value_bytes) + " value bytes for " +
+                     std::to_string(delta.count(t)) + " changes of width " + std::to_string(tensors[t].width()));
+    }
+  }
+}
+
+std::vector<st::WriteTensor> widest_first(std::vector<PendingTensor> pending) {
+  std::stable_sort(pending.begin(), pending.end(),
+                   [](const PendingTensor& a, const PendingTensor& b) { return a.alignment > b.alignment; });
+  std::vector<st::WriteTensor> ordered;
+  ordered.reserve(pending.size());
+  for (PendingTensor& p : pending) ordered.push_back(std::move(p.tensor));
+  return ordered;
+}
+
+}  // namespace detail
+
 namespace {
+
+using detail::as_bytes_span;
+using detail::PendingTensor;
 
 // The tensors and metadata of a delta file, ready for st::serialize or st::write_file. `path`
 // labels errors; `narrowed` keeps the I32 index copies the tensors point to.
 std::pair<std::vector<st::WriteTensor>, st::Metadata> trl_delta_layout(
     const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta, const DeltaInfo& info,
     std::vector<std::vector<int32_t>>& narrowed) {
-  if (delta.num_tensors() != tensors.size()) {
-    fail(path, "delta covers " + std::to_string(delta.num_tensors()) + " tensors but the model has " +
-                   std::to_string(tensors.size()));
-  }
-  struct Pending {
-    st::WriteTensor tensor;
-    uint32_t alignment;  // element width: tensors are laid out widest first, so each is aligned
-  };
-  std::vector<Pending> pending;
+  detail::check_delta_for_write(path, tensors, delta);
+  std::vector<PendingTensor> pending;
   narrowed.reserve(tensors.size());  // no reallocation: tensors point into its elements
-  std::vector<std::string> changed_names;
-  uint64_t total_changed = 0;
 
   for (size_t t = 0; t < tensors.size(); ++t) {
     const TensorMeta& meta = tensors[t];
     const uint64_t count = delta.count(t);
-    const uint64_t value_bytes = delta.value_offsets[t + 1] - delta.value_offsets[t];
-    if (value_bytes != count * meta.width()) {
-      fail(path, "tensor " + meta.name + ": " + std::to_string(value_bytes) + " value bytes for " +
-                     std::to_string(count) + " changes of width " + std::to_string(meta.width()));
-    }
     if (count == 0) continue;
     const auto indices = delta.indices.subspan(delta.offsets[t], count);
-    const auto values = delta.values.subspan(delta.value_offsets[t], value_bytes);
+    const auto values = delta.values.subspan(delta.value_offsets[t], count * meta.width());
     if (meta.numel() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
       pending.push_back({{meta.name + std::string(kIndicesSuffix), DType::I64, {count}, as_bytes_span(indices)}, 8});
     } else {
@@ -249,16 +270,8 @@ std::pair<std::vector<st::WriteTensor>, st::Metadata> trl_delta_layout(
       pending.push_back({{meta.name + std::string(kIndicesSuffix), DType::I32, {count}, as_bytes_span(narrow)}, 4});
     }
     pending.push_back({{meta.name + std::string(kValuesSuffix), meta.dtype, {count}, values}, meta.width()});
-    changed_names.push_back(meta.name);
-    total_changed += count;
   }
-  std::stable_sort(pending.begin(), pending.end(),
-                   [](const Pending& a, const Pending& b) { return a.alignment > b.alignment; });
-  std::vector<st::WriteTensor> ordered;
-  ordered.reserve(pending.size());
-  for (Pending& p : pending) ordered.push_back(std::move(p.tensor));
-
-  return {std::move(ordered), delta_metadata(path, tensors, delta, info, "trl")};
+  return {detail::widest_first(std::move(pending)), delta_metadata(path, tensors, delta, info, "trl")};
 }
 
 std::pair<std::vector<st::WriteTensor>, st::Metadata> anchor_layout(const std::string& path,
@@ -317,30 +330,31 @@ DeltaInfo delta_info(const st::Metadata& md, const std::string& label) {
   return info;
 }
 
-ParsedDelta parse_trl_delta(const st::File& file) {
+namespace detail {
+
+void parse_sparse_metadata(const st::File& file, std::string_view delta_format, std::string_view anchor_format,
+                           SparseMetadata& out) {
   const std::string& label = file.label();
   const st::Metadata& md = file.metadata();
-  ParsedDelta parsed;
 
   const auto sparse = md.find("sparse");
   if (sparse == md.end()) fail(label, "metadata has no \"sparse\" key; not a delta or anchor");
   if (sparse->second != "True" && sparse->second != "False") {
     fail(label, "metadata sparse is \"" + sparse->second + "\"; expected \"True\" or \"False\"");
   }
-  parsed.sparse = sparse->second == "True";
+  out.sparse = sparse->second == "True";
   if (const auto format = md.find("format"); format != md.end()) {
-    const std::string expected = parsed.sparse ? "trl" : "anchor";
+    const std::string expected(out.sparse ? delta_format : anchor_format);
     if (format->second != expected) {
       fail(label, "metadata format is \"" + format->second + "\" but sparse=\"" + sparse->second +
                       "\" means format \"" + expected + "\"");
     }
   }
-  parsed.info = delta_info(md, label);
+  out.info = delta_info(md, label);
 
   // Derived keys are optional (other writers may omit them) but must be well formed when present.
   if (md.contains("total_elements")) metadata_u64(md, "total_elements", label);
-  std::optional<uint64_t> declared_changed;
-  if (md.contains("total_changed_elements")) declared_changed = metadata_u64(md, "total_changed_elements", label);
+  if (md.contains("total_changed_elements")) out.declared_changed = metadata_u64(md, "total_changed_elements", label);
   if (const auto s = md.find("sparsity"); s != md.end()) {
     double value = -1;
     const auto [end, ec] = std::from_chars(s->second.data(), s->second.data() + s->second.size(), value);
@@ -348,88 +362,115 @@ ParsedDelta parse_trl_delta(const st::File& file) {
       fail(label, "metadata sparsity \"" + s->second + "\" is not a number between 0 and 1");
     }
   }
-  std::optional<std::vector<TensorMeta>> shapes;
-  std::map<std::string_view, const TensorMeta*> listed_by_name;
   if (md.contains("tensor_shapes")) {
-    shapes = parse_tensor_shapes(md.at("tensor_shapes"), label);
-    for (const TensorMeta& m : *shapes) listed_by_name.emplace(m.name, &m);
+    out.shapes = parse_tensor_shapes(md.at("tensor_shapes"), label);
+    for (const TensorMeta& m : *out.shapes) out.listed_by_name.emplace(m.name, &m);
   }
-  std::optional<std::vector<std::string>> changed_params;
-  if (md.contains("changed_params")) changed_params = parse_changed_params(md.at("changed_params"), label);
+  if (md.contains("changed_params")) out.changed_params = parse_changed_params(md.at("changed_params"), label);
+}
 
-  if (!parsed.sparse) return parsed;
-
-  // Pair NAME.indices with NAME.values, in the order each NAME first appears.
-  struct Pair {
-    const st::TensorInfo* indices = nullptr;
-    const st::TensorInfo* values = nullptr;
-  };
-  std::vector<std::string> order;
-  std::map<std::string, Pair, std::less<>> pairs;
+std::vector<TensorPair> pair_tensors(const st::File& file, std::string_view index_suffix,
+                                     std::string_view values_suffix) {
+  const std::string& label = file.label();
+  std::vector<TensorPair> pairs;
+  std::map<std::string, size_t, std::less<>> position;
   for (const st::TensorInfo& t : file.tensors()) {
     const std::string_view name = t.name;
-    const bool is_indices = name.ends_with(kIndicesSuffix);
-    if (!is_indices && !name.ends_with(kValuesSuffix)) {
-      fail(label, "tensor " + t.name + " is neither NAME.indices nor NAME.values");
+    const bool is_indices = name.ends_with(index_suffix);
+    if (!is_indices && !name.ends_with(values_suffix)) {
+      fail(label, "tensor " + t.name + " is neither NAME" + std::string(index_suffix) + " nor NAME" +
+                      std::string(values_suffix));
     }
-    const std::string base(name.substr(0, name.size() - (is_indices ? kIndicesSuffix : kValuesSuffix).size()));
-    auto [it, inserted] = pairs.try_emplace(base);
-    if (inserted) order.push_back(base);
-    (is_indices ? it->second.indices : it->second.values) = &t;
+    const std::string base(name.substr(0, name.size() - (is_indices ? index_suffix : values_suffix).size()));
+    auto [it, inserted] = position.try_emplace(base, pairs.size());
+    if (inserted) pairs.push_back(TensorPair{base});
+    (is_indices ? pairs[it->second].indices : pairs[it->second].values) = &t;
   }
+  for (const TensorPair& pair : pairs) {
+    if (pair.indices == nullptr) {
+      fail(label, "tensor " + pair.name + std::string(values_suffix) + " has no matching " + pair.name +
+                      std::string(index_suffix));
+    }
+    if (pair.values == nullptr) {
+      fail(label, "tensor " + pair.name + std::string(index_suffix) + " has no matching " + pair.name +
+                      std::string(values_suffix));
+    }
+  }
+  return pairs;
+}
 
+uint64_t check_pair_shapes(const std::string& label, const TensorPair& pair, const SparseMetadata& md) {
+  const st::TensorInfo& idx = *pair.indices;
+  const st::TensorInfo& val = *pair.values;
+  if (!is_weight_dtype(val.dtype)) {
+    fail(label, "tensor " + val.name + " has dtype " + std::string(dtype_name(val.dtype)) + "; deltasync handles " +
+                    std::string(kWeightDtypeList));
+  }
+  for (const st::TensorInfo* t : {&idx, &val}) {
+    if (t->shape.size() != 1) fail(label, "tensor " + t->name + " has shape " + st::shape_text(t->shape) + "; expected 1-D");
+  }
+  if (idx.shape[0] != val.shape[0]) {
+    fail(label, "tensor " + pair.name + " has " + std::to_string(idx.shape[0]) + " indices but " +
+                    std::to_string(val.shape[0]) + " values");
+  }
+  if (md.shapes) {
+    const auto listed = md.listed_by_name.find(pair.name);
+    if (listed == md.listed_by_name.end()) {
+      fail(label, "tensor " + pair.name + " is changed but missing from metadata tensor_shapes");
+    }
+    if (listed->second->dtype != val.dtype) {
+      fail(label, "tensor " + pair.name + " has values of dtype " + std::string(dtype_name(val.dtype)) +
+                      " but tensor_shapes says " + std::string(dtype_name(listed->second->dtype)));
+    }
+  }
+  return idx.shape[0];
+}
+
+void check_declared_totals(const std::string& label, const SparseMetadata& md, std::span<const TensorPair> pairs,
+                           uint64_t total_changed) {
+  if (md.changed_params) {
+    const std::set<std::string> listed(md.changed_params->begin(), md.changed_params->end());
+    std::set<std::string> present;
+    for (const TensorPair& pair : pairs) present.insert(pair.name);
+    if (listed.size() != md.changed_params->size()) fail(label, "metadata changed_params names a tensor twice");
+    if (listed != present) {
+      fail(label, "metadata changed_params lists " + std::to_string(listed.size()) +
+                      " tensors that differ from the file's " + std::to_string(present.size()) + " changed tensors");
+    }
+  }
+  if (md.declared_changed && *md.declared_changed != total_changed) {
+    fail(label, "metadata total_changed_elements is " + std::to_string(*md.declared_changed) +
+                    " but the file holds " + std::to_string(total_changed) + " changes");
+  }
+}
+
+}  // namespace detail
+
+ParsedDelta parse_trl_delta(const st::File& file) {
+  const std::string& label = file.label();
+  detail::SparseMetadata md;
+  detail::parse_sparse_metadata(file, "trl", "anchor", md);
+  ParsedDelta parsed;
+  parsed.sparse = md.sparse;
+  parsed.info = md.info;
+  if (!parsed.sparse) return parsed;
+
+  const std::vector<detail::TensorPair> pairs = detail::pair_tensors(file, kIndicesSuffix, kValuesSuffix);
   uint64_t total_changed = 0;
-  for (const std::string& name : order) {
-    const Pair& pair = pairs.at(name);
-    if (pair.indices == nullptr) fail(label, "tensor " + name + ".values has no matching " + name + ".indices");
-    if (pair.values == nullptr) fail(label, "tensor " + name + ".indices has no matching " + name + ".values");
+  for (const detail::TensorPair& pair : pairs) {
     const st::TensorInfo& idx = *pair.indices;
     const st::TensorInfo& val = *pair.values;
     if (idx.dtype != DType::I32 && idx.dtype != DType::I64) {
       fail(label, "tensor " + idx.name + " has dtype " + std::string(dtype_name(idx.dtype)) +
                       "; indices must be I32 or I64");
     }
-    if (!is_weight_dtype(val.dtype)) {
-      fail(label, "tensor " + val.name + " has dtype " + std::string(dtype_name(val.dtype)) +
-                      "; deltasync handles " + std::string(kWeightDtypeList));
-    }
-    for (const st::TensorInfo* t : {&idx, &val}) {
-      if (t->shape.size() != 1) fail(label, "tensor " + t->name + " has shape " + st::shape_text(t->shape) + "; expected 1-D");
-    }
-    if (idx.shape[0] != val.shape[0]) {
-      fail(label, "tensor " + name + " has " + std::to_string(idx.shape[0]) + " indices but " +
-                      std::to_string(val.shape[0]) + " values");
-    }
-    if (shapes) {
-      const auto listed = listed_by_name.find(name);
-      if (listed == listed_by_name.end()) {
-        fail(label, "tensor " + name + " is changed but missing from metadata tensor_shapes");
-      }
-      if (listed->second->dtype != val.dtype) {
-        fail(label, "tensor " + name + " has values of dtype " + std::string(dtype_name(val.dtype)) +
-                        " but tensor_shapes says " + std::string(dtype_name(listed->second->dtype)));
-      }
-    }
-    const uint64_t count = idx.shape[0];
+    const uint64_t count = detail::check_pair_shapes(label, pair, md);
     total_changed += count;
-    parsed.entries.push_back(DeltaEntry{name, val.dtype,
+    parsed.entries.push_back(DeltaEntry{pair.name, val.dtype,
                                         PatchRef{count, file.bytes(idx).data(), dtype_width(idx.dtype),
                                                  file.bytes(val).data(), dtype_width(val.dtype)}});
   }
-
-  if (changed_params) {
-    const std::set<std::string> listed(changed_params->begin(), changed_params->end());
-    const std::set<std::string> present(order.begin(), order.end());
-    if (listed.size() != changed_params->size()) fail(label, "metadata changed_params names a tensor twice");
-    if (listed != present) {
-      fail(label, "metadata changed_params lists " + std::to_string(listed.size()) +
-                      " tensors that differ from the file's " + std::to_string(present.size()) + " changed tensors");
-    }
-  }
-  if (declared_changed && *declared_changed != total_changed) {
-    fail(label, "metadata total_changed_elements is " + std::to_string(*declared_changed) + " but the file holds " +
-                    std::to_string(total_changed) + " changes");
-  }
+  detail::check_declared_totals(label, md, pairs, total_changed);
   return parsed;
 }
 

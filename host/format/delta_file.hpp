@@ -85,6 +85,45 @@ struct ParsedDelta {
 // which must outlive them.
 ParsedDelta parse_trl_delta(const st::File& file);
 
+// TRL's later layout (its never-merged delta-weight-sync branches): for each changed tensor
+// `NAME.idx` and `NAME.val` (the tensor's dtype), 1-D of the same length; metadata
+// format="sparse_weight_patch", version="1", sparse, model_version, num_changed_params,
+// total_changed_elements, total_elements, sparsity and encoding, which says how `NAME.idx` holds
+// the ascending flat positions p[0] < p[1] < ...:
+//   raw        I32 positions (deltasync writes I64 for a tensor of more than 2^31-1 elements)
+//   gap_delta  g[k] = p[k] - p[k-1] - 1 with p[-1] = -1 (so g[0] = p[0]), as U16 when every gap
+//              of the tensor fits, else U32: the index tensor's dtype is its width.
+// An anchor is every tensor whole with sparse="False", as in the other layout. docs/trl-formats.md
+// says which of this is TRL's and which is ours.
+enum class IndexEncoding { Raw, GapDelta };
+std::string_view index_encoding_name(IndexEncoding encoding);
+
+// format="sparse_weight_patch" in the metadata.
+bool is_trl_idx_file(const st::File& file);
+
+void write_trl_idx_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
+                         const DeltaInfo& info, IndexEncoding encoding);
+std::vector<uint8_t> serialize_trl_idx_delta(std::span<const TensorMeta> tensors, const DeltaView& delta,
+                                             const DeltaInfo& info, IndexEncoding encoding);
+
+// A NAME.idx/NAME.val delta read and checked for layout. Raw entries point into the file;
+// gap_delta entries point into `positions` (decoded int64). Both must outlive the entries.
+struct ParsedTrlIdxDelta {
+  ParsedDelta delta;
+  IndexEncoding encoding = IndexEncoding::GapDelta;
+  std::vector<int64_t> positions;
+};
+// Throws Error("LABEL: reason") for a malformed file (an unknown version or encoding, an index
+// dtype the encoding does not allow, ...). ParsedTrlIdxDelta is filled in place: its entries
+// point into its own `positions`.
+void parse_trl_idx_delta(const st::File& file, ParsedTrlIdxDelta& out);
+
+// Every patch's positions strictly ascending and inside its base tensor; Error("LABEL: tensor
+// NAME: ...") otherwise. For layouts whose positions are decoded (gap_delta) or foreign, so
+// that a bad file is named before any weight is written.
+void check_patch_positions(std::span<const PatchRef> patches, std::span<const TensorMeta> base,
+                           const std::string& label);
+
 // Matches a parsed delta against a base model: every entry names an existing tensor of the same
 // dtype. Returns for each base tensor the patch to apply (count 0 where unchanged). Throws
 // Error("LABEL: tensor NAME ...") for a delta made for another base.

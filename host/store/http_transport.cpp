@@ -1,5 +1,7 @@
 #include "store/http_transport.hpp"
 
+#include "store/s3_xml.hpp"
+
 #include <curl/curl.h>
 
 #include <algorithm>
@@ -126,17 +128,18 @@ struct HeaderList {
   }
 };
 
-std::string xml_field(std::string_view xml, std::string_view tag) {
-  // Appended piecewise: GCC 12 misreports `"<" + std::string&&` under -Wrestrict.
-  std::string open("<"), close("</");
-  open.append(tag).append(">");
-  close.append(tag).append(">");
-  auto b = xml.find(open);
-  if (b == std::string_view::npos) return {};
-  b += open.size();
-  auto e = xml.find(close, b);
-  if (e == std::string_view::npos) return {};
-  return std::string(xml.substr(b, e - b));
+// <Code> and <Message> of an S3-style <Error> body; empty when the body is something else (a
+// proxy's HTML page, nothing at all): describing a failure never fails itself.
+std::pair<std::string, std::string> error_fields(const Response& response) {
+  std::string_view body(reinterpret_cast<const char*>(response.body.data()), response.body.size());
+  if (body.find("<Error") == std::string_view::npos) return {};
+  try {
+    const s3xml::Element root = s3xml::parse(body, "error body");
+    if (root.name != "Error") return {};
+    return {root.child_text("Code").value_or(""), root.child_text("Message").value_or("")};
+  } catch (const Error&) {
+    return {};
+  }
 }
 
 bool transient_status(long status) { return status == 429 || (status >= 500 && status <= 599); }
@@ -188,14 +191,27 @@ std::string uri_encode(std::string_view text, bool keep_slash) {
   return out;
 }
 
-std::string error_code(const Response& response) {
-  return xml_field(std::string_view(reinterpret_cast<const char*>(response.body.data()), response.body.size()), "Code");
+std::string sigv4_query(std::vector<std::pair<std::string, std::string>> params) {
+  for (auto& [name, value] : params) {
+    name = uri_encode(name, false);
+    value = uri_encode(value, false);
+  }
+  // Sorted after encoding: SigV4 orders the encoded names by byte value.
+  std::sort(params.begin(), params.end());
+  std::string out;
+  for (const auto& [name, value] : params) {
+    if (!out.empty()) out += '&';
+    out += name + "=" + value;
+  }
+  return out;
 }
+
+std::string error_code(const Response& response) { return error_fields(response).first; }
 
 std::string describe_failure(const Response& response) {
   std::string out = "HTTP " + std::to_string(response.status);
   std::string_view body(reinterpret_cast<const char*>(response.body.data()), response.body.size());
-  std::string code = xml_field(body, "Code"), message = xml_field(body, "Message");
+  const auto [code, message] = error_fields(response);
   if (!code.empty()) {
     out += " " + code;
     if (!message.empty()) out += ": " + message;
@@ -205,6 +221,35 @@ std::string describe_failure(const Response& response) {
     out += ": " + excerpt;
   }
   return out;
+}
+
+bool is_loopback(const std::string& url) {
+  const std::string origin = origin_of(url);
+  const auto scheme_end = origin.find("://");
+  if (scheme_end == std::string::npos) return false;
+  std::string host = origin.substr(scheme_end + 3);
+  host = host.substr(0, host.rfind(':'));  // origin_of always ends in :PORT
+  return host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+Request presigned_follow_up(const Request& original, const std::string& target, const std::string& label) {
+  const std::string origin = origin_of(target);
+  const bool https = origin.rfind("https://", 0) == 0;
+  const bool test_loopback = origin.rfind("http://", 0) == 0 && origin_of(original.url).rfind("http://", 0) == 0 &&
+                             is_loopback(original.url) && is_loopback(target);
+  if (!https && !test_loopback)
+    throw Error(label + ": " + original.method + " redirected to " + redact_url(target) +
+                ", which is not HTTPS; refusing to follow");
+  Request next;
+  next.method = "GET";
+  next.url = target;
+  next.redirects = original.redirects;
+  for (const std::string& h : original.headers) {
+    std::string name = h.substr(0, h.find(':'));
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (name == "range") next.headers.push_back(h);
+  }
+  return next;  // aws == nullptr: libcurl neither signs nor sends Authorization
 }
 
 std::string range_header(uint64_t offset, uint64_t length) {
@@ -310,12 +355,15 @@ Response perform_with_retries(Request request, const StoreOptions& options, cons
       std::string location = response.header("location");
       if (location.empty()) return response;  // e.g. S3's PermanentRedirect: the caller explains
       std::string target = resolve_location(request.url, location);
-      if (origin_of(target) != origin_of(request.url)) {
-        throw Error(label + ": " + request.method + " redirected to another host (" + origin_of(target) +
-                    "); refusing to follow with credentials");
-      }
       if (++redirects > 5) throw Error(label + ": " + request.method + " failed: too many redirects");
-      request.url = target;
+      if (origin_of(target) != origin_of(request.url)) {
+        if (request.redirects != RedirectPolicy::PresignedGet || request.method != "GET")
+          throw Error(label + ": " + request.method + " redirected to another host (" + origin_of(target) +
+                      "); refusing to follow with credentials");
+        request = presigned_follow_up(request, target, label);
+      } else {
+        request.url = target;
+      }
       --attempt;  // a redirect is not a failed attempt
       continue;
     }

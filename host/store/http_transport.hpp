@@ -24,12 +24,21 @@ struct AwsSigning {
   std::string secret_key;
 };
 
+// Where perform_with_retries may follow a redirect.
+enum class RedirectPolicy {
+  SameOrigin,    // only to the same scheme, host and port (credentials stay where they belong)
+  PresignedGet,  // also a GET to another host whose URL is pre-signed (an S3 gateway's 302/307 to
+                 // a CDN): followed without signing, Authorization or any x-amz-* header, only
+                 // to HTTPS (or to loopback when the original request was plain HTTP on loopback)
+};
+
 struct Request {
   std::string method = "GET";  // GET HEAD PUT POST DELETE
   std::string url;
   std::vector<std::string> headers;  // "Name: value"
   std::span<const uint8_t> body;     // sent for PUT and POST
   const AwsSigning* aws = nullptr;
+  RedirectPolicy redirects = RedirectPolicy::SameOrigin;
 };
 
 struct Response {
@@ -53,8 +62,9 @@ ErrorKind failure_kind(long status);
 Response perform(const Request& request, const StoreOptions& options);
 
 // perform() with retries on transport errors, 5xx and 429 (exponential backoff, full jitter),
-// and redirects followed only to the same scheme, host and port (credentials never leave the
-// origin they were meant for). Any other response is returned to the caller to interpret.
+// and redirects followed as request.redirects allows (credentials never leave the origin they
+// were meant for; a redirect target's query, where a pre-signed URL keeps its signature, is
+// never printed). Any other response is returned to the caller to interpret.
 // After the last attempt throws Error("LABEL: VERB failed after N attempts: REASON").
 // `retry_also` lets a caller mark further responses as transient (e.g. S3's 400 RequestTimeout,
 // or its 409 on a racing conditional write).
@@ -71,8 +81,23 @@ std::string describe_failure(const Response& response);
 // The scheme://host[:port] part of a URL (lowercased scheme and host).
 std::string origin_of(const std::string& url);
 
+// True for http(s)://localhost, 127.0.0.0/8 and [::1] (any port).
+bool is_loopback(const std::string& url);
+
+// The request to send to a pre-signed redirect target: GET of `target`, unsigned, with only the
+// Range header of `original` (no Authorization, no x-amz-*, no conditional headers, which a CDN
+// would judge against its own tags). Throws Error("LABEL: ...") when the target is not HTTPS
+// (allowed over plain HTTP only from loopback to loopback, for tests).
+Request presigned_follow_up(const Request& original, const std::string& target, const std::string& label);
+
 // Percent-encodes everything except RFC 3986 unreserved characters (and '/' when keep_slash).
 std::string uri_encode(std::string_view text, bool keep_slash);
+
+// A query string in SigV4 canonical form, which is also what is sent (this libcurl signs the
+// query as given): names and values percent-encoded as uri_encode does ('/', '+', '=', ' ' and
+// everything else outside A-Z a-z 0-9 - _ . ~ become %XX), sorted by name then value, each
+// "name=value" (a valueless parameter as "name="), joined by '&'.
+std::string sigv4_query(std::vector<std::pair<std::string, std::string>> params);
 
 // "Range: bytes=FIRST-LAST" for [offset, offset + length), length > 0. When offset + length
 // would pass 2^64 (a caller asking for "everything from offset on") the range is left open,

@@ -22,6 +22,10 @@ ConditionalGet Store::get_if_changed(const std::string& key, const std::string& 
   return ConditionalGet{true, get(key), info->etag};
 }
 
+bool Store::put_if_match(const std::string& key, std::span<const uint8_t>, const std::string&) {
+  throw Error(describe(key) + ": this store has no conditional replace (If-Match)");
+}
+
 namespace {
 
 uint64_t env_u64(const char* name, uint64_t fallback) {
@@ -57,9 +61,11 @@ std::unique_ptr<Store> open_store(const std::string& url) { return open_store(ur
 std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& options) {
   if (url.rfind("file://", 0) == 0) return open_folder_store(url.substr(7));
   if (url.rfind("s3://", 0) == 0) return open_s3_store(url, options);
+  if (url.rfind("hf://", 0) == 0) return open_hf_bucket_store(url, options);
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) return open_http_store(url, options);
   if (!url.empty() && url.find("://") == std::string::npos) return open_folder_store(url);  // a plain path
-  throw Error(http::redact_url(url) + ": unknown store URL scheme (expected file:///path, s3://bucket/prefix or http(s)://...)",
+  throw Error(http::redact_url(url) +
+                  ": unknown store URL (expected file:///path, s3://bucket/prefix, hf://buckets/NAMESPACE/BUCKET/PREFIX or http(s)://...)",
               ErrorKind::kInvalidArgument);
 }
 

@@ -1,6 +1,7 @@
 // Object stores behind one interface, chosen by URL:
 //   file:///abs/path      a folder (atomic rename; exclusive create for put_if_absent)
-//   s3://bucket/prefix    any S3-compatible service (AWS, R2, MinIO, Hugging Face buckets)
+//   s3://bucket/prefix    any S3-compatible service (AWS, R2, MinIO)
+//   hf://buckets/NAMESPACE/BUCKET/PREFIX   a Hugging Face bucket, through its S3 gateway
 //   http(s)://host/path   plain PUT/GET/HEAD (WebDAV servers); no listing
 // Keys are relative, '/'-separated ("manifests/v000000000012.json"). Objects are written
 // whole: a reader sees either the old object, the new one, or none — never a torn write.
@@ -65,6 +66,10 @@ class Store {
   // Creates the object only if no object of that name exists; returns false (writing nothing)
   // if one does. Safe against a concurrent writer of the same key: exactly one wins.
   virtual bool put_if_absent(const std::string& key, std::span<const uint8_t> bytes) = 0;
+  // Replaces the object only while its tag still equals `etag` (S3 If-Match); returns false,
+  // writing nothing, when it moved. Only where supports_put_if_match() (else throws Error).
+  virtual bool supports_put_if_match() const { return false; }
+  virtual bool put_if_match(const std::string& key, std::span<const uint8_t> bytes, const std::string& etag);
   // Whole object. Throws NotFoundError when absent.
   virtual std::vector<uint8_t> get(const std::string& key) = 0;
   // Bytes [offset, offset + length) (fewer at the end of the object).
@@ -106,7 +111,7 @@ struct StoreOptions {
 };
 
 // Opens a store from its URL. Options come from the environment where a URL scheme needs
-// them (AWS_* for s3://; DELTASYNC_STORE_RETRIES, DELTASYNC_STORE_PARALLELISM,
+// them (AWS_* for s3://, DELTASYNC_HF_* or AWS_* for hf://; DELTASYNC_STORE_RETRIES, DELTASYNC_STORE_PARALLELISM,
 // DELTASYNC_STORE_PART_SIZE, DELTASYNC_STORE_MULTIPART_THRESHOLD,
 // DELTASYNC_STORE_RETRY_BASE_MS, DELTASYNC_STORE_LOW_SPEED_TIME, DELTASYNC_STORE_LIST_PAGE override the
 // defaults). Throws Error for an unknown scheme or a
@@ -117,6 +122,10 @@ std::unique_ptr<Store> open_store(const std::string& url, const StoreOptions& op
 // The individual constructors, for tests and callers that configure stores themselves.
 std::unique_ptr<Store> open_folder_store(const std::string& path);
 std::unique_ptr<Store> open_s3_store(const std::string& url, const StoreOptions& options);
+// hf://buckets/NAMESPACE/BUCKET[/PREFIX]: the gateway https://s3.hf.co/NAMESPACE (or
+// DELTASYNC_HF_S3_ENDPOINT), region us-east-1, credentials from DELTASYNC_HF_ACCESS_KEY_ID /
+// DELTASYNC_HF_SECRET_ACCESS_KEY, else AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+std::unique_ptr<Store> open_hf_bucket_store(const std::string& url, const StoreOptions& options);
 std::unique_ptr<Store> open_http_store(const std::string& url, const StoreOptions& options);
 
 }  // namespace deltasync

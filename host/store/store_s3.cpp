@@ -1,16 +1,22 @@
-// The S3 store: any S3-compatible service through libcurl's SigV4 signing.
+// The S3 store: any S3-compatible service through libcurl's SigV4 signing, and Hugging Face
+// buckets through their S3 gateway (hf://buckets/NAMESPACE/BUCKET/PREFIX).
 //
-// Addressing: with AWS_ENDPOINT_URL (MinIO, R2, Hugging Face buckets, moto) requests are
-// path-style, ENDPOINT/BUCKET/KEY; without it, AWS virtual-hosted style,
-// https://BUCKET.s3.REGION.amazonaws.com/KEY. Libcurl 7.88 signs the request but does not hash
-// a streamed body, so every request carries x-amz-content-sha256 computed here. Query strings
-// are written already in SigV4 canonical form (sorted keys, every value '='-terminated and
-// percent-encoded) because this libcurl signs the query string as given.
+// Addressing: with AWS_ENDPOINT_URL (MinIO, R2, moto) requests are path-style,
+// ENDPOINT/BUCKET/KEY; without it, AWS virtual-hosted style, https://BUCKET.s3.REGION.amazonaws.com/KEY.
+// Libcurl 7.88 signs the request but does not hash a streamed body, so every request carries
+// x-amz-content-sha256 computed here. Query strings are written already in SigV4 canonical form
+// (http::sigv4_query) because this libcurl signs the query string as given.
+//
+// The Hugging Face gateway (https://s3.hf.co/NAMESPACE, us-east-1, path-style) differs in
+// three ways handled here: GetObject answers 302/307 to a CDN with a pre-signed URL (followed
+// without credentials, see http::RedirectPolicy), listing is by folder (delimiter "/", so
+// list() walks the folders), and keys obey its rules (gateway_key_error).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
 
+#include "store/s3_xml.hpp"
 #include "store/sha256.hpp"
 #include "store/store.hpp"
 #include "store/http_transport.hpp"
@@ -23,63 +29,6 @@ constexpr const char* kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e464
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
-}
-
-std::string xml_unescape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '&') {
-      out += s[i];
-      continue;
-    }
-    auto semi = s.find(';', i);
-    if (semi == std::string_view::npos) throw Error("malformed XML entity in S3 response");
-    std::string_view ent = s.substr(i + 1, semi - i - 1);
-    if (ent == "amp") out += '&';
-    else if (ent == "lt") out += '<';
-    else if (ent == "gt") out += '>';
-    else if (ent == "quot") out += '"';
-    else if (ent == "apos") out += '\'';
-    else if (ent.size() > 1 && ent[0] == '#') {
-      unsigned long code = ent[1] == 'x' ? std::stoul(std::string(ent.substr(2)), nullptr, 16) : std::stoul(std::string(ent.substr(1)));
-      if (code < 0x80) out += static_cast<char>(code);
-      else if (code < 0x800) { out += char(0xC0 | (code >> 6)); out += char(0x80 | (code & 0x3F)); }
-      else if (code < 0x10000) { out += char(0xE0 | (code >> 12)); out += char(0x80 | ((code >> 6) & 0x3F)); out += char(0x80 | (code & 0x3F)); }
-      else { out += char(0xF0 | (code >> 18)); out += char(0x80 | ((code >> 12) & 0x3F)); out += char(0x80 | ((code >> 6) & 0x3F)); out += char(0x80 | (code & 0x3F)); }
-    } else {
-      throw Error("unknown XML entity &" + std::string(ent) + "; in S3 response");
-    }
-    i = semi;
-  }
-  return out;
-}
-
-// The text of every <tag>...</tag> directly found in `xml` from `pos` on (no nesting of the same
-// tag in the documents S3 returns for the calls used here).
-std::vector<std::string_view> xml_all(std::string_view xml, std::string_view tag) {
-  std::vector<std::string_view> out;
-  // Appended piecewise: GCC 12 misreports `"<" + std::string&&` under -Wrestrict.
-  std::string open("<"), close("</");
-  open.append(tag).append(">");
-  close.append(tag).append(">");
-  size_t pos = 0;
-  for (;;) {
-    auto b = xml.find(open, pos);
-    if (b == std::string_view::npos) break;
-    b += open.size();
-    auto e = xml.find(close, b);
-    if (e == std::string_view::npos) throw Error("truncated XML in S3 response (no " + close + ")");
-    out.push_back(xml.substr(b, e - b));
-    pos = e + close.size();
-  }
-  return out;
-}
-
-std::optional<std::string> xml_one(std::string_view xml, std::string_view tag) {
-  auto all = xml_all(xml, tag);
-  if (all.empty()) return std::nullopt;
-  return xml_unescape(all.front());
 }
 
 std::string_view as_text(const std::vector<uint8_t>& body) { return {reinterpret_cast<const char*>(body.data()), body.size()}; }
@@ -102,31 +51,44 @@ std::optional<uint64_t> total_from_content_range(const std::string& v) {
   return parse_u64(v.substr(slash + 1), "Content-Range");
 }
 
+// Where and how a store's requests go: filled from an s3:// or an hf:// URL.
+struct S3Target {
+  std::string url;     // printable store URL
+  std::string bucket;
+  std::string prefix;  // "" or ending in '/'
+  std::string bucket_root;  // requests go to BUCKET_ROOT/KEY
+  std::string list_url;     // bucket URL ending in '?', ready for a query string
+  http::AwsSigning signing;
+  std::string session_token;
+  bool hf_gateway = false;  // Hugging Face bucket: folder listing, key rules, pre-signed redirects
+};
+
+// Why the gateway would refuse this key (empty when it is fine): no leading or trailing '/',
+// no "//", no "." or ".." segment, no '\\' or NUL.
+std::string gateway_key_error(std::string_view key) {
+  if (key.empty()) return "empty key";
+  if (key.front() == '/' || key.back() == '/') return "key starts or ends with '/'";
+  if (key.find("//") != std::string_view::npos) return "key contains '//'";
+  if (key.find('\\') != std::string_view::npos) return "key contains '\\'";
+  if (key.find('\0') != std::string_view::npos) return "key contains a NUL byte";
+  size_t begin = 0;
+  while (begin <= key.size()) {
+    size_t end = key.find('/', begin);
+    if (end == std::string_view::npos) end = key.size();
+    const std::string_view segment = key.substr(begin, end - begin);
+    if (segment == "." || segment == "..") return "key has a '" + std::string(segment) + "' segment";
+    begin = end + 1;
+  }
+  return {};
+}
+
 class S3Store final : public Store {
  public:
-  S3Store(std::string url, std::string bucket, std::string prefix, const StoreOptions& options)
-      : url_(std::move(url)), bucket_(std::move(bucket)), prefix_(std::move(prefix)), options_(options) {
-    std::string region = env("AWS_REGION");
-    if (region.empty()) region = env("AWS_DEFAULT_REGION");
-    if (region.empty()) region = "us-east-1";
-    std::string endpoint = env("AWS_ENDPOINT_URL_S3");
-    if (endpoint.empty()) endpoint = env("AWS_ENDPOINT_URL");
-    while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
-    if (endpoint.empty()) {
-      bucket_root_ = "https://" + bucket_ + ".s3." + region + ".amazonaws.com";
-      list_url_ = bucket_root_ + "/?";
-    } else {
-      if (endpoint.find("://") == std::string::npos) throw Error(url_ + ": AWS_ENDPOINT_URL must start with http:// or https://");
-      bucket_root_ = endpoint + "/" + http::uri_encode(bucket_, false);
-      list_url_ = bucket_root_ + "?";
-    }
-    signing_.sigv4 = "aws:amz:" + region + ":s3";
-    signing_.access_key = env("AWS_ACCESS_KEY_ID");
-    signing_.secret_key = env("AWS_SECRET_ACCESS_KEY");
-    if (signing_.access_key.empty() || signing_.secret_key.empty())
-      throw Error(url_ + ": AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set", ErrorKind::kCredentials);
-    session_token_ = env("AWS_SESSION_TOKEN");
-  }
+  S3Store(S3Target target, const StoreOptions& options)
+      : url_(target.url), bucket_(target.bucket), prefix_(target.prefix), options_(options),
+        bucket_root_(std::move(target.bucket_root)), list_url_(std::move(target.list_url)),
+        signing_(std::move(target.signing)), session_token_(std::move(target.session_token)),
+        hf_gateway_(target.hf_gateway) {}
 
   std::string url() const override { return url_; }
 
@@ -144,6 +106,15 @@ class S3Store final : public Store {
     // 409 ConditionalRequestConflict: another conditional write of this key is in flight;
     // retrying settles who won (412 for the loser).
     auto r = send("PUT", object_url(key), key, bytes, {"If-None-Match: *"}, [](const http::Response& x) { return x.status == 409; });
+    if (r.status == 412) return false;
+    if (r.status != 200) fail("PUT", key, r);
+    return true;
+  }
+
+  bool supports_put_if_match() const override { return true; }
+
+  bool put_if_match(const std::string& key, std::span<const uint8_t> bytes, const std::string& etag) override {
+    auto r = send("PUT", object_url(key), key, bytes, {"If-Match: " + etag}, [](const http::Response& x) { return x.status == 409; });
     if (r.status == 412) return false;
     if (r.status != 200) fail("PUT", key, r);
     return true;
@@ -177,6 +148,8 @@ class S3Store final : public Store {
   }
 
   ConditionalGet get_if_changed(const std::string& key, const std::string& etag) override {
+    // The gateway's GET goes on to a CDN whose tags are its own: compare the gateway's (HEAD).
+    if (hf_gateway_) return Store::get_if_changed(key, etag);
     std::vector<std::string> headers;
     if (!etag.empty()) headers.push_back("If-None-Match: " + etag);
     auto r = send("GET", object_url(key), key, {}, headers);
@@ -195,30 +168,12 @@ class S3Store final : public Store {
 
   std::vector<ObjectInfo> list(const std::string& prefix) override {
     std::vector<ObjectInfo> out;
-    std::string token;
-    const std::string full_prefix = prefix_ + prefix;
-    for (int page = 0;; ++page) {
-      // Canonical order: continuation-token < list-type < max-keys < prefix.
-      std::string query;
-      if (!token.empty()) query += "continuation-token=" + http::uri_encode(token, false) + "&";
-      query += "list-type=2&";
-      if (options_.list_page_size) query += "max-keys=" + std::to_string(options_.list_page_size) + "&";
-      query += "prefix=" + http::uri_encode(full_prefix, false);
-      auto r = send("GET", list_url_ + query, prefix + "*", {}, {});
-      if (r.status != 200) fail("LIST", prefix + "*", r);
-      std::string_view xml = as_text(r.body);
-      for (std::string_view item : xml_all(xml, "Contents")) {
-        auto key = xml_one(item, "Key");
-        auto size = xml_one(item, "Size");
-        if (!key || !size) throw Error(describe(prefix) + ": LIST response without Key/Size");
-        if (key->rfind(prefix_, 0) != 0) continue;
-        out.push_back(ObjectInfo{key->substr(prefix_.size()), parse_u64(*size, "Size"), xml_one(item, "ETag").value_or("")});
-      }
-      auto truncated = xml_one(xml, "IsTruncated");
-      if (!truncated || *truncated != "true") break;
-      auto next = xml_one(xml, "NextContinuationToken");
-      if (!next || next->empty()) throw Error(describe(prefix) + ": LIST truncated without a continuation token");
-      token = *next;
+    // The gateway lists one folder at a time (delimiter "/" only): walk the folders.
+    std::vector<std::string> folders{prefix_ + prefix};
+    while (!folders.empty()) {
+      const std::string folder = folders.back();
+      folders.pop_back();
+      list_pages(prefix, folder, hf_gateway_ ? "/" : "", out, folders);
     }
     std::sort(out.begin(), out.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });
     return out;
@@ -231,7 +186,11 @@ class S3Store final : public Store {
 
  private:
   std::string object_url(const std::string& key) const {
-    if (key.empty()) throw Error(url_ + ": empty object key");
+    if (key.empty()) throw Error(url_ + ": empty object key", ErrorKind::kInvalidArgument);
+    if (hf_gateway_) {
+      const std::string why = gateway_key_error(prefix_ + key);
+      if (!why.empty()) throw Error(describe(key) + ": not a valid Hugging Face bucket key (" + why + ")", ErrorKind::kInvalidArgument);
+    }
     return bucket_root_ + "/" + http::uri_encode(prefix_ + key, true);
   }
 
@@ -243,6 +202,7 @@ class S3Store final : public Store {
     req.url = url;
     req.body = body;
     req.aws = &signing_;
+    req.redirects = hf_gateway_ ? http::RedirectPolicy::PresignedGet : http::RedirectPolicy::SameOrigin;
     req.headers = std::move(headers);
     req.headers.push_back("x-amz-content-sha256: " + (body.empty() ? std::string(kEmptySha256) : sha256_hex(body)));
     if (!session_token_.empty()) req.headers.push_back("x-amz-security-token: " + session_token_);
@@ -255,9 +215,50 @@ class S3Store final : public Store {
 
   [[noreturn]] void fail(const std::string& verb, const std::string& key, const http::Response& r) const {
     std::string hint;
-    if (r.status == 403) hint = " (check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and AWS_REGION)";
+    if (r.status == 403)
+      hint = hf_gateway_ ? " (check DELTASYNC_HF_ACCESS_KEY_ID and DELTASYNC_HF_SECRET_ACCESS_KEY, or AWS_ACCESS_KEY_ID and "
+                           "AWS_SECRET_ACCESS_KEY: S3 credentials generated from a Hugging Face token with access to the bucket)"
+                         : " (check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and AWS_REGION)";
     if (r.status == 301) hint = " (the bucket lives in another region: set AWS_REGION, or AWS_ENDPOINT_URL)";
     throw Error(describe(key) + ": " + verb + " failed: " + http::describe_failure(r) + hint, http::failure_kind(r.status));
+  }
+
+  // Every page of one ListObjectsV2 of `full_prefix`: objects into `out` (keys relative to the
+  // store), sub-folders (CommonPrefixes, with a delimiter) into `folders`.
+  void list_pages(const std::string& prefix, const std::string& full_prefix, const std::string& delimiter,
+                  std::vector<ObjectInfo>& out, std::vector<std::string>& folders) {
+    const std::string label = describe(prefix) + "*";
+    std::string token;
+    for (;;) {
+      std::vector<std::pair<std::string, std::string>> params{{"list-type", "2"}, {"prefix", full_prefix}};
+      if (!token.empty()) params.emplace_back("continuation-token", token);
+      if (!delimiter.empty()) params.emplace_back("delimiter", delimiter);
+      if (options_.list_page_size) params.emplace_back("max-keys", std::to_string(options_.list_page_size));
+      auto r = send("GET", list_url_ + http::sigv4_query(params), prefix + "*", {}, {});
+      if (r.status != 200) fail("LIST", prefix + "*", r);
+      const s3xml::Element doc = s3xml::parse(as_text(r.body), label + " (LIST)");
+      if (doc.name != "ListBucketResult") throw Error(label + ": LIST answered <" + doc.name + ">, not <ListBucketResult>");
+      for (const s3xml::Element* item : doc.all("Contents")) {
+        auto key = item->child_text("Key");
+        auto size = item->child_text("Size");
+        if (!key || !size) throw Error(label + ": LIST response has an entry without Key or Size");
+        if (key->rfind(prefix_, 0) != 0) continue;
+        out.push_back(ObjectInfo{key->substr(prefix_.size()), parse_u64(*size, "Size"), item->child_text("ETag").value_or("")});
+      }
+      for (const s3xml::Element* common : doc.all("CommonPrefixes")) {
+        auto sub = common->child_text("Prefix");
+        if (!sub || sub->size() <= full_prefix.size() || sub->rfind(full_prefix, 0) != 0)
+          throw Error(label + ": LIST response has a CommonPrefixes entry outside the listed prefix");
+        folders.push_back(*sub);
+      }
+      const std::string truncated = doc.child_text("IsTruncated").value_or("false");
+      if (truncated != "true") {
+        if (truncated != "false") throw Error(label + ": LIST response has IsTruncated '" + truncated + "'");
+        return;
+      }
+      token = doc.child_text("NextContinuationToken").value_or("");
+      if (token.empty()) throw Error(label + ": LIST truncated without a continuation token");
+    }
   }
 
   std::vector<uint8_t> range_get(const std::string& key, uint64_t offset, uint64_t length, const std::string& etag) {
@@ -274,11 +275,13 @@ class S3Store final : public Store {
 
   void put_multipart(const std::string& key, std::span<const uint8_t> bytes) {
     const std::string url = object_url(key);
-    auto init = send("POST", url + "?uploads=", key, {}, {});
+    auto init = send("POST", url + "?" + http::sigv4_query({{"uploads", ""}}), key, {}, {});
     if (init.status != 200) fail("POST (start multipart upload)", key, init);
-    auto upload_id = xml_one(as_text(init.body), "UploadId");
-    if (!upload_id || upload_id->empty()) throw Error(describe(key) + ": multipart upload start returned no UploadId");
-    const std::string id_query = "uploadId=" + http::uri_encode(*upload_id, false);
+    const s3xml::Element started = s3xml::parse(as_text(init.body), describe(key) + " (start multipart upload)");
+    auto upload_id = started.child_text("UploadId");
+    if (started.name != "InitiateMultipartUploadResult" || !upload_id || upload_id->empty())
+      throw Error(describe(key) + ": multipart upload start returned no UploadId");
+    const std::string id_query = http::sigv4_query({{"uploadId", *upload_id}});
     try {
       const uint64_t part = options_.part_size;
       const size_t parts = static_cast<size_t>((bytes.size() + part - 1) / part);
@@ -286,8 +289,7 @@ class S3Store final : public Store {
       std::atomic<uint64_t> done{0};
       http::run_parallel(parts, options_.parallelism, [&](size_t i) {
         uint64_t offset = i * part, length = std::min<uint64_t>(part, bytes.size() - offset);
-        // Canonical order: partNumber < uploadId.
-        std::string part_url = url + "?partNumber=" + std::to_string(i + 1) + "&" + id_query;
+        std::string part_url = url + "?" + http::sigv4_query({{"partNumber", std::to_string(i + 1)}, {"uploadId", *upload_id}});
         auto r = send("PUT", part_url, key, bytes.subspan(offset, length), {});
         if (r.status != 200) fail("PUT (part " + std::to_string(i + 1) + ")", key, r);
         etags[i] = r.header("etag");
@@ -297,12 +299,13 @@ class S3Store final : public Store {
       });
       std::string xml = "<CompleteMultipartUpload>";
       for (size_t i = 0; i < parts; ++i)
-        xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + etags[i] + "</ETag></Part>";
+        xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + s3xml::escape(etags[i]) + "</ETag></Part>";
       xml += "</CompleteMultipartUpload>";
       std::span<const uint8_t> body(reinterpret_cast<const uint8_t*>(xml.data()), xml.size());
       auto done_r = send("POST", url + "?" + id_query, key, body, {"Content-Type: application/xml"});
+      if (done_r.status != 200) fail("POST (complete multipart upload)", key, done_r);
       // S3 may answer 200 with an <Error> body when completion fails late.
-      if (done_r.status != 200 || as_text(done_r.body).find("<Error>") != std::string_view::npos)
+      if (s3xml::parse(as_text(done_r.body), describe(key) + " (complete multipart upload)").name != "CompleteMultipartUploadResult")
         fail("POST (complete multipart upload)", key, done_r);
     } catch (...) {
       try {
@@ -319,24 +322,107 @@ class S3Store final : public Store {
   std::string list_url_;  // bucket URL ending in '?', ready for a query string
   http::AwsSigning signing_;
   std::string session_token_;
+  bool hf_gateway_ = false;
 };
+
+std::string env_first(const char* a, const char* b) {
+  std::string v = env(a);
+  return v.empty() ? env(b) : v;
+}
+
+// The key pair: `own_id`/`own_secret` (a deltasync-specific pair) when set, else AWS_*.
+void read_credentials(S3Target& t, const char* own_id, const char* own_secret) {
+  if (own_id && !env(own_id).empty()) {
+    t.signing.access_key = env(own_id);
+    t.signing.secret_key = env(own_secret);
+    if (t.signing.secret_key.empty()) throw Error(t.url + ": " + own_id + " is set but " + own_secret + " is not", ErrorKind::kCredentials);
+    return;  // a session token belongs to the AWS_* pair only
+  }
+  t.signing.access_key = env("AWS_ACCESS_KEY_ID");
+  t.signing.secret_key = env("AWS_SECRET_ACCESS_KEY");
+  if (t.signing.access_key.empty() || t.signing.secret_key.empty())
+    throw Error(t.url + ": " + (own_id ? std::string(own_id) + " and " + own_secret + " (or " : std::string()) +
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" + (own_id ? ")" : "") + " must be set", ErrorKind::kCredentials);
+  t.session_token = env("AWS_SESSION_TOKEN");
+}
+
+void set_path_style_endpoint(S3Target& t, std::string endpoint, const char* variable) {
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  if (endpoint.rfind("http://", 0) != 0 && endpoint.rfind("https://", 0) != 0)
+    throw Error(t.url + ": " + variable + " must start with http:// or https://", ErrorKind::kInvalidArgument);
+  t.bucket_root = endpoint + "/" + http::uri_encode(t.bucket, false);
+  t.list_url = t.bucket_root + "?";
+}
+
+std::string normalized_prefix(std::string prefix) {
+  while (!prefix.empty() && prefix.front() == '/') prefix.erase(0, 1);
+  if (!prefix.empty() && prefix.back() != '/') prefix += '/';
+  return prefix;
+}
+
+std::string printable(const std::string& scheme_and_root, const std::string& prefix) {
+  return scheme_and_root + (prefix.empty() ? "" : "/" + prefix.substr(0, prefix.size() - 1));
+}
 
 }  // namespace
 
 std::unique_ptr<Store> open_s3_store(const std::string& url, const StoreOptions& options) {
   // Errors name the URL without anything before an '@' (someone may have put a key pair there).
-  if (url.rfind("s3://", 0) != 0) throw Error(http::redact_url(url) + ": not an s3:// URL");
+  if (url.rfind("s3://", 0) != 0) throw Error(http::redact_url(url) + ": not an s3:// URL", ErrorKind::kInvalidArgument);
   std::string rest = url.substr(5);
   auto slash = rest.find('/');
-  std::string bucket = rest.substr(0, slash);
-  std::string prefix = slash == std::string::npos ? std::string() : rest.substr(slash + 1);
-  if (bucket.empty()) throw Error(http::redact_url(url) + ": missing bucket name");
-  if (bucket.find_first_of("@:?#") != std::string::npos)
-    throw Error(http::redact_url(url) + ": invalid bucket name (credentials go in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, never in the URL)");
-  while (!prefix.empty() && prefix.front() == '/') prefix.erase(0, 1);
-  if (!prefix.empty() && prefix.back() != '/') prefix += '/';
-  std::string clean = "s3://" + bucket + (prefix.empty() ? "" : "/" + prefix.substr(0, prefix.size() - 1));
-  return std::make_unique<S3Store>(clean, bucket, prefix, options);
+  S3Target t;
+  t.bucket = rest.substr(0, slash);
+  t.prefix = normalized_prefix(slash == std::string::npos ? std::string() : rest.substr(slash + 1));
+  if (t.bucket.empty()) throw Error(http::redact_url(url) + ": missing bucket name", ErrorKind::kInvalidArgument);
+  if (t.bucket.find_first_of("@:?#") != std::string::npos)
+    throw Error(http::redact_url(url) + ": invalid bucket name (credentials go in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, never in the URL)", ErrorKind::kInvalidArgument);
+  t.url = printable("s3://" + t.bucket, t.prefix);
+  std::string region = env_first("AWS_REGION", "AWS_DEFAULT_REGION");
+  if (region.empty()) region = "us-east-1";
+  const std::string endpoint = env_first("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
+  if (endpoint.empty()) {
+    t.bucket_root = "https://" + t.bucket + ".s3." + region + ".amazonaws.com";
+    t.list_url = t.bucket_root + "/?";
+  } else {
+    set_path_style_endpoint(t, endpoint, "AWS_ENDPOINT_URL");
+  }
+  t.signing.sigv4 = "aws:amz:" + region + ":s3";
+  read_credentials(t, nullptr, nullptr);
+  return std::make_unique<S3Store>(std::move(t), options);
+}
+
+std::unique_ptr<Store> open_hf_bucket_store(const std::string& url, const StoreOptions& options) {
+  constexpr std::string_view kScheme = "hf://buckets/";
+  if (url.rfind(kScheme, 0) != 0)
+    throw Error(http::redact_url(url) + ": not a Hugging Face bucket URL (expected hf://buckets/NAMESPACE/BUCKET[/PREFIX])", ErrorKind::kInvalidArgument);
+  const std::string rest = url.substr(kScheme.size());
+  const auto ns_end = rest.find('/');
+  S3Target t;
+  const std::string ns = rest.substr(0, ns_end);
+  const auto bucket_end = ns_end == std::string::npos ? std::string::npos : rest.find('/', ns_end + 1);
+  t.bucket = ns_end == std::string::npos ? std::string() : rest.substr(ns_end + 1, bucket_end == std::string::npos ? std::string::npos : bucket_end - ns_end - 1);
+  if (ns.empty() || t.bucket.empty())
+    throw Error(http::redact_url(url) + ": expected hf://buckets/NAMESPACE/BUCKET[/PREFIX]", ErrorKind::kInvalidArgument);
+  if ((ns + t.bucket).find_first_of("@:?#%\\") != std::string::npos)
+    throw Error(http::redact_url(url) + ": invalid namespace or bucket name (credentials go in DELTASYNC_HF_ACCESS_KEY_ID and "
+                                        "DELTASYNC_HF_SECRET_ACCESS_KEY, never in the URL)", ErrorKind::kInvalidArgument);
+  t.prefix = bucket_end == std::string::npos ? std::string() : rest.substr(bucket_end + 1);
+  while (!t.prefix.empty() && t.prefix.back() == '/') t.prefix.pop_back();
+  t.url = "hf://buckets/" + ns + "/" + t.bucket + (t.prefix.empty() ? "" : "/" + t.prefix);
+  if (!t.prefix.empty()) {
+    const std::string why = gateway_key_error(t.prefix);
+    if (!why.empty()) throw Error(t.url + ": not a valid Hugging Face bucket prefix (" + why + ")", ErrorKind::kInvalidArgument);
+    t.prefix += '/';
+  }
+  // The gateway: one endpoint per namespace, path-style, always signed for us-east-1.
+  std::string endpoint = env("DELTASYNC_HF_S3_ENDPOINT");
+  if (endpoint.empty()) endpoint = "https://s3.hf.co/" + http::uri_encode(ns, false);
+  set_path_style_endpoint(t, endpoint, "DELTASYNC_HF_S3_ENDPOINT");
+  t.signing.sigv4 = "aws:amz:us-east-1:s3";
+  read_credentials(t, "DELTASYNC_HF_ACCESS_KEY_ID", "DELTASYNC_HF_SECRET_ACCESS_KEY");
+  t.hf_gateway = true;
+  return std::make_unique<S3Store>(std::move(t), options);
 }
 
 }  // namespace deltasync

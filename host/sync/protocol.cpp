@@ -216,13 +216,33 @@ bool write_manifest(Store& store, const Manifest& manifest) {
 }
 
 void advance_latest(Store& store, uint64_t version) {
-  // LATEST only moves forward. With one publisher per store (the supported setup) the
-  // read-compare-write cannot race with another writer.
-  auto latest = read_latest(store);
-  if (!latest || *latest < version) {
-    std::string pointer = std::to_string(version) + "\n";
-    store.put(kLatestKey, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(pointer.data()), pointer.size()));
+  // LATEST only moves forward. Where the store can compare-and-swap (S3 If-Match, If-None-Match
+  // on create) a racing writer cannot move it back; elsewhere one publisher per store (the
+  // supported setup) keeps the read-compare-write from racing.
+  const std::string pointer = std::to_string(version) + "\n";
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(pointer.data()), pointer.size());
+  if (!store.supports_put_if_match()) {
+    auto latest = read_latest(store);
+    if (!latest || *latest < version) store.put(kLatestKey, bytes);
+    return;
   }
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    // The tag from a HEAD, then the contents: a GET may be answered by a CDN with tags of its
+    // own. Contents newer than the tag only make the If-Match fail, and the loop look again.
+    const std::optional<ObjectInfo> info = store.head(kLatestKey);
+    if (!info) {
+      if (store.put_if_absent(kLatestKey, bytes)) return;
+      continue;  // created meanwhile: compare with what the other writer put there
+    }
+    const std::optional<uint64_t> latest = read_latest(store);
+    if (latest && *latest >= version) return;
+    if (info->etag.empty()) {  // nothing to compare against: a plain write, as without If-Match
+      store.put(kLatestKey, bytes);
+      return;
+    }
+    if (store.put_if_match(kLatestKey, bytes, info->etag)) return;
+  }
+  throw Error(store.describe(kLatestKey) + ": kept changing while version " + std::to_string(version) + " was being made the latest");
 }
 
 bool commit_version(Store& store, const Manifest& manifest) {

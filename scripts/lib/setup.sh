@@ -3,7 +3,7 @@
 
 VENV=${VENV:-$ROOT/.venv}
 DEBIAN_PACKAGES=(cmake ninja-build g++ pkg-config git nlohmann-json3-dev libgtest-dev libzstd-dev
-                 libcurl4-openssl-dev libssl-dev zstd curl)
+                 libcurl4-openssl-dev libssl-dev libexpat1-dev zstd curl)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -24,7 +24,8 @@ make_python_env() {
     echo "== creating $VENV"
     python3 -m venv "$VENV"
   fi
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/scripts/requirements.txt"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/scripts/requirements.txt" \
+    -r "$ROOT/scripts/requirements-trl.txt"
 }
 
 configure_and_build() {

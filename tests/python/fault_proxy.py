@@ -20,6 +20,43 @@ import threading
 import time
 
 
+def forward(upstream, method, path, request_headers, body):
+    """Sends the request unchanged (Host included: SigV4 signs it) to upstream=(host, port);
+    returns (status, headers to pass on, body)."""
+    conn = http.client.HTTPConnection(*upstream, timeout=60)
+    headers = {k: v for k, v in request_headers.items() if k.lower() not in ("expect", "connection")}
+    conn.request(method, path, body=body if body else None, headers=headers)
+    resp = conn.getresponse()
+    data = resp.read()
+    out_headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in ("transfer-encoding", "connection", "content-length")]
+    conn.close()
+    return resp.status, out_headers, data
+
+
+class ThreadingServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive, no request log, and whole responses in one call."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def send_all(self, status, headers, data, body_bytes=None):
+        """body_bytes: send only that much of the body (a connection dropped mid-body)."""
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data if body_bytes is None else data[:body_bytes])
+            self.wfile.flush()
+
+
 class Fault:
     def __init__(self, kind, times=1, method=None, path_contains=None, **params):
         self.kind, self.times, self.method, self.path_contains, self.params = kind, times, method, path_contains, params
@@ -37,11 +74,8 @@ class FaultProxy:
         self.requests = []  # (method, path) of every request seen
         proxy = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
+        class Handler(QuietHandler):
+            _send = QuietHandler.send_all
 
             def _take_fault(self):
                 with proxy.lock:
@@ -57,25 +91,7 @@ class FaultProxy:
                 return self.rfile.read(length) if length else b""
 
             def _forward(self, body):
-                conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
-                conn.request(self.command, self.path, body=body if body else None, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                out_headers = [(k, v) for k, v in resp.getheaders()
-                               if k.lower() not in ("transfer-encoding", "connection", "content-length")]
-                conn.close()
-                return resp.status, out_headers, data
-
-            def _send(self, status, headers, data, body_bytes=None):
-                self.send_response(status)
-                for k, v in headers:
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data if body_bytes is None else data[:body_bytes])
-                    self.wfile.flush()
+                return forward(proxy.upstream, self.command, self.path, self.headers, body)
 
             def _handle(self):
                 fault = self._take_fault()
@@ -123,11 +139,7 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = ThreadingServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -7,9 +7,32 @@ import types
 import uuid
 
 
-def start_signed_moto(bucket: str, user: str = "deltasync"):
+def _use_aws_like_continuation_tokens():
+    """moto's continuation tokens are hex digests; AWS's are base64 with '+', '/' and '='. Makes
+    moto hand out tokens with those characters, so a listing that encodes them wrongly for SigV4
+    fails its signature check. Returns the function that undoes it."""
+    import base64
+
+    from moto.s3.models import S3Backend
+
+    original = S3Backend._truncate_result
+
+    def truncate(self, result_keys, max_keys):
+        keys, truncated, token = original(self, result_keys, max_keys)
+        if token:
+            aws_like = "1+/" + base64.b64encode(bytes.fromhex(token) + b"\xfb\xff").decode() + "=="
+            self._pagination_tokens[aws_like] = self._pagination_tokens[token]
+            token = aws_like
+        return keys, truncated, token
+
+    S3Backend._truncate_result = truncate
+    return lambda: setattr(S3Backend, "_truncate_result", original)
+
+
+def start_signed_moto(bucket: str, user: str = "deltasync", aws_like_tokens: bool = False):
     """Starts the server; returns a namespace with endpoint, host, port, key_id, secret, env (the
-    AWS_* variables the C++ S3 store reads) and stop() (which also restores moto's settings)."""
+    AWS_* variables the C++ S3 store reads) and stop() (which also restores moto's settings).
+    aws_like_tokens: listing continuation tokens contain '+', '/' and '=' as AWS's do."""
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     # moto keeps its accounts in process-wide memory shared by every server it starts, so each
     # start makes a user of its own.
@@ -35,8 +58,11 @@ def start_signed_moto(bucket: str, user: str = "deltasync"):
     settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
     ActionAuthenticatorMixin.request_count = 0
 
+    undo_tokens = _use_aws_like_continuation_tokens() if aws_like_tokens else (lambda: None)
+
     def stop():
         settings.INITIAL_NO_AUTH_ACTION_COUNT = previous
+        undo_tokens()
         server.stop()
 
     env = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
