@@ -13,6 +13,7 @@
 #include "args.hpp"
 #include "checkpoint.hpp"
 #include "command.hpp"
+#include "model_files.hpp"
 #include "core/error.hpp"
 #include "sync/protocol.hpp"
 #include "sync/publisher.hpp"
@@ -24,7 +25,7 @@ namespace {
 
 constexpr const char* kUsage =
     "publish CHECKPOINT --store URL --version N [--state DIR] [--anchor-every N] [--anchor-share F] "
-    "[--keep-anchors K] [--anchor-part-bytes B] [--format compact|trl] [--quiet]";
+    "[--keep-anchors K] [--anchor-part-bytes B] [--format compact|trl|trl-idx|trl-idx-raw] [--quiet]";
 
 constexpr const char* kShadowFile = "shadow.safetensors";
 
@@ -130,7 +131,7 @@ int run_publish(const Args& raw) {
     st::Metadata extra{{"delta_bytes_since_anchor", std::to_string(state.delta_bytes_since_anchor)}};
     if (state.last_anchor_version) extra["last_anchor_version"] = std::to_string(*state.last_anchor_version);
     // After a publish the shadow is the checkpoint just published.
-    HostModel shadow = HostModel::from_file(checkpoint);
+    HostModel shadow = load_model(checkpoint, nullptr);
     shadow.version = version;
     shadow.save((std::filesystem::path(*state_dir) / kShadowFile).string(), extra);
   }

@@ -10,6 +10,7 @@
 #include <random>
 #include <set>
 
+#include "codec/delta_io.hpp"
 #include "store/sha256.hpp"
 
 namespace deltasync::protocol {
@@ -157,7 +158,13 @@ Manifest manifest_from_json(std::string_view text, const std::string& label) {
   const json& df = field(j, "delta_format", label);
   if (!df.is_string()) bad(label, "manifest delta_format is not a string");
   m.delta_format = df.get<std::string>();
-  if (m.delta && m.delta_format != "compact" && m.delta_format != "trl") bad(label, "manifest delta_format '" + m.delta_format + "' is unknown");
+  if (m.delta) {
+    try {
+      parse_delta_format(m.delta_format);
+    } catch (const Error&) {
+      bad(label, "manifest delta_format '" + m.delta_format + "' is unknown");
+    }
+  }
   m.changed_elements = get_u64(j, "changed_elements", label);
   const json& parts = field(j, "anchor_parts", label);
   if (!parts.is_array()) bad(label, "manifest anchor_parts is not an array");

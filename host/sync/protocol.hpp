@@ -49,7 +49,7 @@ struct Manifest {
   // anchor, e.g. the first one).
   std::optional<ObjectRef> delta;
   std::optional<uint64_t> base_version;
-  std::string delta_format;  // "compact" or "trl"
+  std::string delta_format;  // a delta format name (codec/delta_io.hpp: parse_delta_format)
   uint64_t changed_elements = 0;
   // The full weights at `version`, in parts (empty when this version has no anchor).
   std::vector<ObjectRef> anchor_parts;

@@ -140,9 +140,12 @@ Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tenso
     : store_(std::move(store)), tensors_(std::move(tensors)), engine_(std::move(engine)), options_(std::move(options)) {
   if (!store_) throw Error("publisher: no store");
   if (!engine_) throw Error("publisher: no engine");
-  if (options_.delta_format != "compact" && options_.delta_format != "trl")
-    throw Error("publisher: unknown delta format '" + options_.delta_format + "' (compact or trl)");
-  if (options_.delta_format == "compact" && engine_->shadow_kind() == engine::ShadowKind::kLowByte)
+  try {
+    format_ = parse_delta_format(options_.delta_format);
+  } catch (const Error& e) {
+    throw Error(std::string("publisher: ") + e.what(), ErrorKind::kInvalidArgument);
+  }
+  if (format_ == DeltaFormat::Compact && engine_->shadow_kind() == engine::ShadowKind::kLowByte)
     throw Error("publisher: format 'compact' codes values relative to the base bits, which the low-memory shadow does "
                 "not keep; use format 'trl' with the low-memory shadow");
   options_.max_pending = std::max<size_t>(options_.max_pending, 1);
@@ -224,7 +227,7 @@ void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> curren
     job->base_version = staged_version_;
     job->has_delta = true;
     engine::EncodeRequest request;
-    request.want_coded = options_.delta_format == "compact" && engine_->device() != engine::Device::kCpu;
+    request.want_coded = format_ == DeltaFormat::Compact && engine_->device() != engine::Device::kCpu;
     engine_->encode(current, request, job->staged);
     job->transfer.add(job->staged.transfer);
     if (low_byte) {
@@ -475,7 +478,7 @@ void Publisher::upload(Job& job) {
     if (staged.coded_on_device) {
       delta_bytes = compact::serialize_compact_delta(tensors_, staged.changes.view(), info, staged.coded);
     } else {
-      delta_bytes = serialize_delta(parse_delta_format(options_.delta_format), tensors_, staged.changes.view(), info);
+      delta_bytes = serialize_delta(format_, tensors_, staged.changes.view(), info);
     }
     st.changed_elements = staged.total_changed();
   }
@@ -523,7 +526,7 @@ void Publisher::upload(Job& job) {
   if (job.has_delta) {
     m.delta = upload_object(store, protocol::delta_key(job.version, nonce), delta_bytes);
     m.base_version = job.base_version;
-    m.delta_format = options_.delta_format;
+    m.delta_format = std::string(delta_format_name(format_));
     m.changed_elements = st.changed_elements;
     st.delta_bytes = delta_bytes.size();
   }

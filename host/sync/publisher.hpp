@@ -37,6 +37,7 @@
 #include "engine/engine.hpp"
 #include "engine/host_model.hpp"
 #include "format/delta_file.hpp"
+#include "codec/delta_io.hpp"
 #include "core/sparse_delta.hpp"
 #include "store/store.hpp"
 #include "core/tensor.hpp"
@@ -53,7 +54,7 @@ struct PublisherOptions {
   uint64_t anchor_part_bytes = 64ull << 20;
   unsigned parallel_uploads = 4;
   size_t keep_anchors = 3;           // retention after each anchor (0: keep everything)
-  std::string delta_format = "compact";  // "compact" or "trl"
+  std::string delta_format = "compact";  // a delta format name: compact, trl, trl-idx or trl-idx-raw
   std::function<void(const std::string&)> log;  // one-line notes; may be empty
 };
 
@@ -143,6 +144,7 @@ class Publisher {
   std::vector<TensorMeta> tensors_;
   std::unique_ptr<engine::SyncEngine> engine_;
   PublisherOptions options_;
+  DeltaFormat format_ = DeltaFormat::Compact;  // options_.delta_format, parsed
   uint64_t model_bytes_ = 0;
 
   // Publish-side view (caller thread).

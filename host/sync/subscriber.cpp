@@ -4,6 +4,7 @@
 #include <cstring>
 #include <algorithm>
 #include <set>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -71,6 +72,37 @@ VerifiedAnchor verify_anchor(const protocol::Manifest& manifest, std::vector<std
   if (auto bad = digest_mismatch(a.tensors, a.digests, manifest)) throw Error(label + ": anchor does not match its manifest: " + *bad);
   return a;
 }
+
+namespace {
+
+// Anchor parts list tensors in their files' order; a receiver with a fixed model takes them in
+// its own order. Matched by name: a tensor the model lacks, or one the anchor lacks, refuses the
+// anchor before anything is written (dtypes and shapes are the receiver's to check).
+void order_like(VerifiedAnchor& a, std::span<const TensorMeta> model, uint64_t version) {
+  if (model.empty()) return;
+  const std::string label = "anchor of version " + std::to_string(version);
+  std::unordered_map<std::string_view, size_t> at;
+  for (size_t t = 0; t < a.tensors.size(); ++t) at.emplace(a.tensors[t].name, t);
+  std::unordered_map<std::string_view, size_t> mine;
+  for (size_t t = 0; t < model.size(); ++t) mine.emplace(model[t].name, t);
+  for (const auto& t : a.tensors)
+    if (!mine.count(t.name)) throw BadInputError(label + ": tensor " + t.name + " is not in this model");
+  std::vector<TensorMeta> tensors;
+  std::vector<std::span<const uint8_t>> bytes;
+  std::vector<uint64_t> digests;
+  for (const auto& m : model) {
+    auto it = at.find(m.name);
+    if (it == at.end()) throw BadInputError(label + ": has no tensor " + m.name + " of the model");
+    tensors.push_back(a.tensors[it->second]);
+    bytes.push_back(a.bytes[it->second]);
+    digests.push_back(a.digests[it->second]);
+  }
+  a.tensors = std::move(tensors);
+  a.bytes = std::move(bytes);
+  a.digests = std::move(digests);
+}
+
+}  // namespace
 
 Subscriber::Subscriber(Store& store, SubscriberOptions options)
     : store_(store), options_(std::move(options)), catalog_(store) {}
@@ -143,7 +175,8 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
                                             std::make_move_iterator(fetched.begin() + anchor->anchor_parts.size()));
     next = anchor->anchor_parts.size();
     // Every part is parsed and hashed before the first byte reaches the weights.
-    const VerifiedAnchor verified = verify_anchor(*anchor, std::move(parts), store_.describe(protocol::manifest_key(anchor->version)));
+    VerifiedAnchor verified = verify_anchor(*anchor, std::move(parts), store_.describe(protocol::manifest_key(anchor->version)));
+    order_like(verified, weights.tensors(), anchor->version);
     const auto w0 = Clock::now();
     weights.load_anchor(verified.tensors, verified.bytes, verified.digests, anchor->version);
     report.pause_seconds += seconds_since(w0);

@@ -22,7 +22,6 @@ ST_DTYPE = {
     torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32",
 }
 TORCH_DTYPE = {v: k for k, v in ST_DTYPE.items()}
-FORMATS = ("trl", "compact")
 
 # A model description: (name, torch dtype, shape) per tensor, in model order.
 Meta = list[tuple[str, torch.dtype, tuple[int, ...]]]

@@ -13,8 +13,9 @@ Everything here only passes tensors and options; defaults are the C++ PublisherO
     # leaving the block flushes: everything published is visible
 
 format: "compact" (default; entropy-coded, values relative to the base bits; coded on the GPU
-when the parameters are there) or "trl" (interoperable NAME.indices + NAME.values; the default
-in low-memory mode).
+when the parameters are there), "trl" (interoperable NAME.indices + NAME.values; the default
+in low-memory mode), or TRL's later layout "trl-idx" (NAME.idx + NAME.val, gap-coded indices) /
+"trl-idx-raw" (raw indices); see docs/trl-formats.md.
 
 Low-memory mode (low_memory=True, 2-byte dtypes): the shadow keeps only the low byte of each
 element (1 byte instead of 2). A change that leaves an element's low byte unchanged is not seen;
