@@ -5,18 +5,15 @@
 #include <pybind11/pybind11.h>
 
 #include <functional>
-#include <memory>
 #include <string>
+
+#include "bindings/py_holder.hpp"
 
 namespace deltasync::torch_ext {
 
 inline std::function<void(const std::string&)> log_callback(pybind11::object log) {
   if (log.is_none()) return {};
-  // Shared, and released with the GIL held: the std::function may be destroyed on any thread.
-  auto holder = std::shared_ptr<pybind11::object>(new pybind11::object(std::move(log)), [](pybind11::object* p) {
-    pybind11::gil_scoped_acquire gil;
-    delete p;
-  });
+  auto holder = hold_with_gil(std::move(log));
   return [holder](const std::string& line) {
     pybind11::gil_scoped_acquire gil;
     try {
