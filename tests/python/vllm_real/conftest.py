@@ -24,3 +24,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 if importlib.util.find_spec("vllm") is None:
     # Only the .venv-vllm environment has vLLM; scripts/test runs this folder there.
     collect_ignore_glob = ["test_*.py"]
+else:
+    # vLLM loads its plugins once per process: this process (where TP=1 engines run) keeps mode 1
+    # whatever a later engine in a worker process is started with.
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()

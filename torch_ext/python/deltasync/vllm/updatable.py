@@ -8,8 +8,9 @@ reason:
   a quantized format, or bf16 weights quantized online), and vLLM-CPU's linear layers, whose
   weights it prepacks for its own GEMM, leaving an empty Parameter behind;
 - weights that vLLM re-lays out in place after loading (vLLM-CPU prepacks MoE experts into its
-  grouped-GEMM layout, same shape): found by comparing the served weights, at sampled
-  positions of every run of the index map, with the checkpoint the engine was started from.
+  grouped-GEMM layout, same shape): found by loading the checkpoint the engine was started
+  from, through vLLM's own loader, into copies of the runtime tensors and comparing them with
+  the served ones.
 """
 from __future__ import annotations
 
@@ -19,9 +20,7 @@ import os
 import torch
 
 from .._params import int_view
-from .index_map import IndexMap, floating_tensors
-
-SAMPLED_RUNS = 64  # per (HF tensor, runtime tensor): first, middle and last element of this many runs
+from .index_map import floating_tensors
 
 
 class NotUpdatableError(RuntimeError):
@@ -57,32 +56,38 @@ def checkpoint_files(model_path: str | None) -> list[str]:
     return sorted(glob.glob(os.path.join(folder, "*.safetensors")))
 
 
-def _sample(runs) -> tuple[torch.Tensor, torch.Tensor]:
-    pick = torch.linspace(0, runs.hf_start.numel() - 1, min(SAMPLED_RUNS, runs.hf_start.numel())).long().unique()
-    hf, rt, n = runs.hf_start[pick], runs.rt_start[pick], runs.length[pick]
-    steps = torch.stack([torch.zeros_like(n), n // 2, n - 1], dim=1)
-    return (hf[:, None] + steps).reshape(-1), (rt[:, None] + steps).reshape(-1)
-
-
-def check_served_weights(imap: IndexMap, files: list[str]) -> int:
-    """Refuses (NotUpdatableError) when a runtime tensor does not hold the checkpoint's value at
-    a sampled position of the index map. Returns the number of elements compared."""
+def _checkpoint_tensors(files: list[str]):
     from safetensors import safe_open
 
-    compared = 0
     for path in files:
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
-                for runs in imap.targets.get(name, ()):
-                    runtime = imap.params[runs.param_index]
-                    hf_pos, rt_pos = _sample(runs)
-                    want = f.get_tensor(name).reshape(-1).index_select(0, hf_pos).to(runtime.dtype)
-                    got = runtime.reshape(-1).index_select(0, rt_pos.to(runtime.device)).cpu()
-                    if not torch.equal(int_view(want), int_view(got)):
-                        raise NotUpdatableError(
-                            f"deltasync.vllm: runtime tensor {imap.param_names[runs.param_index]} does not hold "
-                            f"checkpoint tensor {name} where vLLM's loader puts it: the engine re-laid out or "
-                            "transformed the weights after loading (vLLM-CPU prepacks MoE experts), so deltas "
-                            "cannot be applied in place")
-                    compared += hf_pos.numel()
-    return compared
+                yield name, f.get_tensor(name)
+
+
+@torch.no_grad()
+def check_served_weights(model: torch.nn.Module, files: list[str], load_weights=None) -> int:
+    """Refuses (NotUpdatableError) a model whose served weights are not what vLLM's own loader
+    puts in its parameters from the checkpoint the engine was started from: the checkpoint is
+    loaded, through load_weights, into copies of the runtime tensors (the live ones are not
+    written), and every copy must equal its live tensor bit for bit. Returns the elements compared."""
+    load = load_weights or model.load_weights
+    tensors = floating_tensors(model)
+    originals = [(t, t.data, t.requires_grad) for _, _, _, t in tensors]
+    copies = [t.detach().clone() for _, _, _, t in tensors]
+    try:
+        for (t, _, _), copy in zip(originals, copies):
+            t.requires_grad_(False)
+            t.data = copy
+        load(_checkpoint_tensors(files))
+    finally:
+        for t, data, requires_grad in originals:
+            t.data = data
+            t.requires_grad_(requires_grad)
+    for (name, _, _, t), copy in zip(tensors, copies):
+        if not torch.equal(int_view(copy), int_view(t.data)):
+            raise NotUpdatableError(
+                f"deltasync.vllm: runtime tensor {name} does not hold what vLLM's loader puts there from the engine's "
+                "checkpoint: the engine re-laid out or transformed the weights after loading (vLLM-CPU prepacks MoE "
+                "experts), so deltas cannot be applied in place")
+    return sum(c.numel() for c in copies)
