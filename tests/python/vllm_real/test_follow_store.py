@@ -46,30 +46,61 @@ def publish_versions(tmp_path, kind, layout, versions):
     return store, checkpoints
 
 
+def _backend_report(worker):
+    return worker.weight_transfer_engine.last_report
+
+
+def follow_with_worker_extension(llm, store, v):
+    if v == 0:
+        reports = llm.collective_rpc("deltasync_init", args=(store, 0))
+        assert all(r["served_weights_checked"] > 0 and r["index_map_bytes"] > 0 for r in reports)
+    else:
+        reports = llm.collective_rpc("deltasync_update", args=(v,))
+    llm.reset_prefix_cache()  # the extension leaves this to its caller (documented)
+    return reports
+
+
+def follow_with_backend(llm, store, v, last):
+    if v == 0:
+        llm.init_weight_transfer_engine({"init_info": {"store": store}})
+        connected = llm.collective_rpc(_backend_report)
+        assert all(r["served_weights_checked"] > 0 and r["index_map_bytes"] > 0 for r in connected)
+    llm.start_weight_update()
+    # Versions as vLLM's HTTP routes pass them: strings, and "newest" for the last one.
+    llm.update_weights({"update_info": {"version": "newest" if v == last else str(v)}})
+    llm.finish_weight_update(str(v))
+    assert llm.get_weight_version() == str(v)
+    return llm.collective_rpc(_backend_report)
+
+
 CASES = [
-    pytest.param(tm.qwen3, 1, "compact", id="qwen3-tp1-compact"),
-    pytest.param(tm.qwen3_tied, 1, "trl", id="qwen3-tied-padded-tp1-trl"),
-    pytest.param(tm.qwen2_single_kv_head, 2, "compact", id="qwen2-bias-1kv-tp2-compact"),
-    pytest.param(tm.qwen3_moe, 1, "compact", id="qwen3-moe-tp1-compact"),
+    pytest.param(tm.qwen3, 1, "compact", "extension", id="qwen3-tp1-compact-extension"),
+    pytest.param(tm.qwen3_tied, 1, "trl", "backend", id="qwen3-tied-padded-tp1-trl-backend"),
+    pytest.param(tm.qwen2_single_kv_head, 2, "compact", "backend", id="qwen2-bias-1kv-tp2-compact-backend"),
+    pytest.param(tm.qwen3_moe, 1, "compact", "extension", id="qwen3-moe-tp1-compact-extension"),
 ]
 
 
-@pytest.mark.parametrize("kind, tp, layout", CASES)
-def test_worker_extension_follows_store_bit_identical_to_fresh_loads(tmp_path, kind, tp, layout):
+@pytest.mark.parametrize("kind, tp, layout, drive", CASES)
+def test_engine_follows_store_bit_identical_to_fresh_loads(tmp_path, kind, tp, layout, drive):
     versions = VERSIONS if tp == 1 else VERSIONS_AT_TP2
     store, checkpoints = publish_versions(tmp_path, kind, layout, versions)
     start = tm.save(tm.make(kind, seed=1), tmp_path / "start")
     served = []
-    with eng.engine(start, tp, worker_extension_cls="deltasync.vllm.DeltaWorkerExtension") as llm:
+    options = ({"worker_extension_cls": "deltasync.vllm.DeltaWorkerExtension"} if drive == "extension"
+               else {"weight_transfer_config": {"backend": "deltasync"}})
+    with eng.engine(start, tp, **options) as llm:
         eng.generate(llm)  # fills the prefix cache with blocks of the start weights
         for v in range(versions):
-            if v == 0:
-                reports = llm.collective_rpc("deltasync_init", args=(store, 0))
-                assert all(r["anchor"] == 0 and r["served_weights_checked"] > 0 for r in reports)
+            if drive == "extension":
+                reports = follow_with_worker_extension(llm, store, v)
             else:
-                reports = llm.collective_rpc("deltasync_update", args=(v,))
+                reports = follow_with_backend(llm, store, v, versions - 1)
+            assert len(reports) == tp and all(r["version"] == v for r in reports)
+            if v == 0:
+                assert all(r["anchor"] == 0 for r in reports)
+            else:
                 assert all(r["deltas"] == [v] and r["applied_elements"] > 0 for r in reports)
-            llm.reset_prefix_cache()  # the extension's documented duty of the caller
             served.append((eng.runtime_params(llm), eng.generate(llm)))
     for v in range(versions):
         with eng.engine(checkpoints[v], tp) as fresh:

@@ -3,9 +3,9 @@ weight-transfer backend (backend.py) and the collective_rpc worker extension (ex
 drive.
 
     follower = StoreFollower(model, checkpoint=vllm_config.model_config.model)
-    follower.start(store_url, version=None)  # refuse or learn the maps (nothing written), then
-                                             # load the newest anchor and deltas up to `version`
-    follower.update(version=None)            # deltas in place up to `version` (default newest)
+    follower.connect(store_url)       # refuse, or learn the maps (nothing written)
+    follower.update(version=None)     # anchor and/or deltas in place up to `version` (default newest)
+    follower.start(store_url, version)  # both
 """
 from __future__ import annotations
 
@@ -47,20 +47,29 @@ class StoreFollower:
         self.model = model
         self.checkpoint = checkpoint
         self.subscriber: DeltaSubscriber | None = None
+        self.connect_report: dict = {}
 
-    def start(self, store: str, version: int | None = None) -> dict:
+    def connect(self, store: str) -> dict:
+        """Refuses a model that cannot be updated in place, or learns the index maps from the
+        tensors of the store's newest anchor. Writes nothing to the weights."""
         started = time.perf_counter()
         receiver = MappedReceiver(self.model, checkpoint=self.checkpoint)
         sub = DeltaSubscriber(None, store=store, receiver=receiver)
-        target = sub.poll() if version is None else version
-        if target is None:
+        newest = sub.poll()
+        if newest is None:
             raise RuntimeError(f"{store}: no published versions")
-        anchor, _ = sub.catalog.plan(None, target)
+        anchor, _ = sub.catalog.plan(None, newest)
         receiver.learn(hf_tensors_of_anchor(sub, anchor))
-        sub.update(target)
         self.subscriber = sub
-        report = report_dict(sub.last_report)
-        report.update(receiver.learn_report, init_seconds=time.perf_counter() - started)
+        self.connect_report = dict(receiver.learn_report, connect_seconds=time.perf_counter() - started)
+        return self.connect_report
+
+    def start(self, store: str, version: int | None = None) -> dict:
+        """connect(), then the weights to `version` (default: the newest)."""
+        started = time.perf_counter()
+        self.connect(store)
+        report = self.update(version)
+        report.update(self.connect_report, init_seconds=time.perf_counter() - started)
         return report
 
     def update(self, version: int | None = None) -> dict:
