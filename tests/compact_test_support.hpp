@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "deltasync/compact_codec.hpp"
-#include "deltasync/cpu_engine.hpp"
+#include "codec/compact_codec.hpp"
+#include "engine/cpu_engine.hpp"
 
 namespace compact_test {
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/compact_codec.hpp"
-#include "deltasync/error.hpp"
+#include "codec/compact_codec.hpp"
+#include "core/error.hpp"
 
 namespace ds = deltasync;
 namespace compact = deltasync::compact;

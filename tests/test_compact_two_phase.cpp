@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "compact_test_support.hpp"
-#include "deltasync/compact_two_phase.hpp"
-#include "deltasync/cpu_engine.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/safetensors.hpp"
+#include "codec/compact_two_phase.hpp"
+#include "engine/cpu_engine.hpp"
+#include "core/error.hpp"
+#include "format/safetensors.hpp"
 
 namespace ds = deltasync;
 namespace compact = deltasync::compact;

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/cpu_engine.hpp"
-#include "deltasync/error.hpp"
+#include "engine/cpu_engine.hpp"
+#include "core/error.hpp"
 
 using namespace deltasync;
 

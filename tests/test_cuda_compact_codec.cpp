@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "compact_test_support.hpp"
-#include "deltasync/compact_codec.hpp"
-#include "deltasync/cpu_engine.hpp"
+#include "codec/compact_codec.hpp"
+#include "engine/cpu_engine.hpp"
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/training_sim.hpp"
+#include "core/error.hpp"
+#include "sim/training_sim.hpp"
 // White-box: the block logic the decode kernel runs (and its message text), compiled for the host.
 #include "../kernels/src/compact_decode_kernels.cuh"
 #include "../kernels/src/compact_fault_text.hpp"

@@ -13,7 +13,7 @@
 
 #include "deltasync/cuda/digest.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/digest.hpp"
+#include "codec/digest.hpp"
 
 namespace ds = deltasync;
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/cpu_engine.hpp"
+#include "engine/cpu_engine.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 #include "test_support.hpp"
 
 using namespace deltasync;

@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/cpu_engine.hpp"
+#include "engine/cpu_engine.hpp"
 #include "deltasync/cuda/engine.hpp"
 #include "deltasync/cuda/verified_apply.hpp"
-#include "deltasync/digest.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/integrity.hpp"
-#include "deltasync/sparse_delta.hpp"
+#include "codec/digest.hpp"
+#include "core/error.hpp"
+#include "engine/integrity.hpp"
+#include "core/sparse_delta.hpp"
 
 namespace ds = deltasync;
 namespace in = deltasync::integrity;

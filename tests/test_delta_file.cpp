@@ -9,10 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/delta_file.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/safetensors.hpp"
-#include "deltasync/sparse_delta.hpp"
+#include "codec/delta_io.hpp"
+#include "format/delta_file.hpp"
+#include "core/error.hpp"
+#include "format/safetensors.hpp"
+#include "core/sparse_delta.hpp"
 #include "test_support.hpp"
 
 namespace st = deltasync::st;
@@ -562,4 +563,227 @@ TEST(DeltaFileResolve, PatchesFollowBaseOrder) {
   EXPECT_EQ(patches[1].count, 0u);
   EXPECT_EQ(patches[1].value_width, 4u);
   EXPECT_EQ(patch_values(patches[2]), changes[0].values);
+}
+
+// ---------------------------------------------------------------------------------------------
+// TRL's later layout: NAME.idx + NAME.val, raw or gap_delta index encoding
+
+namespace {
+
+using deltasync::IndexEncoding;
+using deltasync::ParsedTrlIdxDelta;
+
+OwnedTensor u16_tensor(const std::string& name, std::vector<uint16_t> values) {
+  std::vector<uint8_t> bytes(values.size() * 2);
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return {name, DType::U16, {values.size()}, bytes};
+}
+
+const st::Metadata kIdxMetadata{{"format", "sparse_weight_patch"}, {"version", "1"}, {"sparse", "True"},
+                                {"model_version", "3"}, {"encoding", "gap_delta"}};
+
+std::string idx_parse_error(const std::vector<OwnedTensor>& tensors, const st::Metadata& metadata) {
+  const st::File file = craft(tensors, metadata);
+  ParsedTrlIdxDelta parsed;
+  return error_message([&] { deltasync::parse_trl_idx_delta(file, parsed); });
+}
+
+// Parses and resolves against `model` the way every reader does (delta_io's dispatch).
+std::string idx_resolve_error(const std::vector<OwnedTensor>& tensors, const st::Metadata& metadata,
+                              const std::vector<TensorMeta>& model) {
+  const st::File file = craft(tensors, metadata);
+  deltasync::ResolvedDelta resolved;
+  return error_message([&] { deltasync::resolve_delta(file, model, {}, resolved); });
+}
+
+}  // namespace
+
+TEST(TrlIdxLayout, GapDeltaRoundTripEveryDtypeWithTrlMetadata) {
+  const auto model = sample_model();
+  const auto changes = sample_changes(model);
+  TempDir dir;
+  const std::string path = dir.file("d.safetensors");
+  deltasync::write_trl_idx_delta(path, model, pack(changes).view(), DeltaInfo{12, 11, {{"result_digest", "ab"}}},
+                                 IndexEncoding::GapDelta);
+  const st::File file = st::File::open(path);
+  EXPECT_TRUE(deltasync::is_trl_idx_file(file));
+  EXPECT_EQ(file.find("frozen.weight.idx"), nullptr);
+  uint64_t total = 0, changed = 0;
+  for (size_t t = 0; t < model.size(); ++t) {
+    total += model[t].numel();
+    changed += changes[t].indices.size();
+    if (changes[t].indices.empty()) continue;
+    const st::TensorInfo& idx = file.at(model[t].name + ".idx");
+    EXPECT_EQ(idx.dtype, DType::U16);
+    EXPECT_EQ(file.at(model[t].name + ".val").dtype, model[t].dtype);
+    // The first gap is the first position itself (p[-1] = -1), the next ones gap - 1.
+    const auto bytes = file.bytes(idx);
+    uint16_t first, second;
+    std::memcpy(&first, bytes.data(), 2);
+    std::memcpy(&second, bytes.data() + 2, 2);
+    EXPECT_EQ(first, changes[t].indices[0]);
+    EXPECT_EQ(second, changes[t].indices[1] - changes[t].indices[0] - 1);
+  }
+  const st::Metadata& md = file.metadata();
+  EXPECT_EQ(md.at("format"), "sparse_weight_patch");
+  EXPECT_EQ(md.at("version"), "1");
+  EXPECT_EQ(md.at("sparse"), "True");
+  EXPECT_EQ(md.at("model_version"), "12");
+  EXPECT_EQ(md.at("num_changed_params"), "5");
+  EXPECT_EQ(md.at("total_changed_elements"), std::to_string(changed));
+  EXPECT_EQ(md.at("total_elements"), std::to_string(total));
+  EXPECT_DOUBLE_EQ(std::stod(md.at("sparsity")), 1.0 - double(changed) / double(total));
+  EXPECT_EQ(md.at("encoding"), "gap_delta");
+  EXPECT_EQ(md.at("base_version"), "11");
+  EXPECT_EQ(md.at("result_digest"), "ab");
+
+  deltasync::ResolvedDelta resolved;
+  deltasync::resolve_delta(file, model, {}, resolved);
+  EXPECT_EQ(resolved.format, deltasync::DeltaFormat::TrlIdx);
+  EXPECT_EQ(resolved.info.model_version, 12u);
+  for (size_t t = 0; t < model.size(); ++t) {
+    SCOPED_TRACE(model[t].name);
+    EXPECT_EQ(patch_indices(resolved.patches[t]), changes[t].indices);
+    EXPECT_EQ(patch_values(resolved.patches[t]), changes[t].values);
+  }
+}
+
+TEST(TrlIdxLayout, GapWidthIsChosenPerTensor) {
+  const std::vector<TensorMeta> model = {{"near", DType::BF16, {100}}, {"far", DType::BF16, {200000}}};
+  const std::vector<Changes> changes = {{{3, 4, 99}, random_bytes(6, 1)}, {{0, 65536, 65537, 199999}, random_bytes(8, 2)}};
+  TempDir dir;
+  const std::string path = dir.file("d.safetensors");
+  deltasync::write_trl_idx_delta(path, model, pack(changes).view(), DeltaInfo{2, 1, {}}, IndexEncoding::GapDelta);
+  const st::File file = st::File::open(path);
+  EXPECT_EQ(file.at("near.idx").dtype, DType::U16);
+  EXPECT_EQ(file.at("far.idx").dtype, DType::U32) << "199999 - 65537 - 1 does not fit U16";
+  ParsedTrlIdxDelta parsed;
+  deltasync::parse_trl_idx_delta(file, parsed);
+  const auto patches = deltasync::resolve_patches(parsed.delta, model, path);
+  EXPECT_EQ(patch_indices(patches[0]), changes[0].indices);
+  EXPECT_EQ(patch_indices(patches[1]), changes[1].indices);
+}
+
+TEST(TrlIdxLayout, GapOfExactlyUint16MaxStaysU16) {
+  const std::vector<TensorMeta> model = {{"w", DType::BF16, {140000}}};
+  TempDir dir;
+  const std::string path = dir.file("d.safetensors");
+  deltasync::write_trl_idx_delta(path, model, pack({{{65535, 131071}, random_bytes(4, 1)}}).view(), DeltaInfo{2, 1, {}},
+                                 IndexEncoding::GapDelta);
+  EXPECT_EQ(st::File::open(path).at("w.idx").dtype, DType::U16);  // gaps 65535 and 65535
+}
+
+TEST(TrlIdxLayout, RawRoundTripAndLargeTensors) {
+  const std::vector<TensorMeta> model = {{"small", DType::F16, {10}}, {"huge", DType::BF16, {3, 1000000000}}};
+  const std::vector<Changes> changes = {{{0, 9}, random_bytes(4, 1)}, {{0, 2147483648, 2999999999}, random_bytes(6, 2)}};
+  TempDir dir;
+  const std::string path = dir.file("d.safetensors");
+  deltasync::write_trl_idx_delta(path, model, pack(changes).view(), DeltaInfo{2, 1, {}}, IndexEncoding::Raw);
+  const st::File file = st::File::open(path);
+  EXPECT_EQ(file.metadata().at("encoding"), "raw");
+  EXPECT_EQ(file.at("small.idx").dtype, DType::I32);
+  EXPECT_EQ(file.at("huge.idx").dtype, DType::I64);
+  deltasync::ResolvedDelta resolved;
+  deltasync::resolve_delta(file, model, {}, resolved);
+  EXPECT_EQ(resolved.format, deltasync::DeltaFormat::TrlIdxRaw);
+  EXPECT_EQ(patch_indices(resolved.patches[0]), changes[0].indices);
+  EXPECT_EQ(patch_indices(resolved.patches[1]), changes[1].indices);
+  EXPECT_EQ(patch_values(resolved.patches[1]), changes[1].values);
+}
+
+TEST(TrlIdxLayout, GapBeyondUint32IsRefusedByTheWriter) {
+  const std::vector<TensorMeta> model = {{"w", DType::BF16, {6000000000}}};
+  TempDir dir;
+  const std::string path = dir.file("d.safetensors");
+  EXPECT_EQ(error_message([&] {
+              deltasync::write_trl_idx_delta(path, model, pack({{{0, 5000000000}, random_bytes(4, 1)}}).view(),
+                                             DeltaInfo{2, 1, {}}, IndexEncoding::GapDelta);
+            }),
+            path + ": tensor w: a gap of 4999999999 positions does not fit gap_delta's uint32; write it with the raw "
+                   "encoding (trl-idx-raw) or compact");
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(TrlIdxLayout, ForeignFileWithEmptyPairsAndNoOptionalKeys) {
+  // TRL's writer keeps a pair for every tensor it was handed, changed or not, and may omit our keys.
+  const std::vector<TensorMeta> model = {{"w", DType::BF16, {8}}, {"v", DType::BF16, {4}}};
+  const st::File file = craft({u16_tensor("w.idx", {1, 3}), tensor("w.val", DType::BF16, {2}), u16_tensor("v.idx", {}),
+                               tensor("v.val", DType::BF16, {0})},
+                              with(kIdxMetadata, "num_changed_params", "2"));
+  deltasync::ResolvedDelta resolved;
+  deltasync::resolve_delta(file, model, {}, resolved);
+  EXPECT_EQ(patch_indices(resolved.patches[0]), (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(resolved.patches[1].count, 0u);
+  // Without an encoding key TRL's reader assumes gap_delta; so does ours.
+  st::Metadata no_encoding = kIdxMetadata;
+  no_encoding.erase("encoding");
+  const st::File implicit = craft({u16_tensor("w.idx", {0, 0}), tensor("w.val", DType::BF16, {2})}, no_encoding);
+  deltasync::resolve_delta(implicit, model, {}, resolved);
+  EXPECT_EQ(patch_indices(resolved.patches[0]), (std::vector<int64_t>{0, 1}));
+}
+
+TEST(TrlIdxLayout, AnchorWithTrlMetadataIsNotADelta) {
+  const std::vector<TensorMeta> model = {{"w", DType::BF16, {2}}};
+  const st::File file = craft({tensor("w", DType::BF16, {2})}, with(kIdxMetadata, "sparse", "False"));
+  ParsedTrlIdxDelta parsed;
+  deltasync::parse_trl_idx_delta(file, parsed);
+  EXPECT_FALSE(parsed.delta.sparse);
+  expect_reason(idx_resolve_error({tensor("w", DType::BF16, {2})}, with(kIdxMetadata, "sparse", "False"), model),
+                "is an anchor (sparse=\"False\"), not a delta");
+}
+
+TEST(TrlIdxMalformed, EncodingOrVersionUnknown) {
+  const auto pair = std::vector<OwnedTensor>{u16_tensor("w.idx", {1}), tensor("w.val", DType::BF16, {1})};
+  expect_reason(idx_parse_error(pair, with(kIdxMetadata, "encoding", "zstd")),
+                "metadata encoding \"zstd\" is unknown; expected \"raw\" or \"gap_delta\"");
+  expect_reason(idx_parse_error(pair, with(kIdxMetadata, "encoding", "nvcomp_cascaded")),
+                "metadata encoding \"nvcomp_cascaded\" (nvCOMP's GPU bitstream) is not supported");
+  expect_reason(idx_parse_error(pair, with(kIdxMetadata, "version", "2")),
+                "metadata version \"2\" of the sparse_weight_patch layout is not supported (known: 1)");
+  expect_reason(idx_parse_error(pair, with(kIdxMetadata, "num_changed_params", "x")),
+                "metadata num_changed_params \"x\" is not a non-negative integer");
+  expect_reason(idx_parse_error(pair, with(kIdxMetadata, "num_changed_params", "3")),
+                "metadata num_changed_params is 3 but the file holds 1 changed tensors");
+}
+
+TEST(TrlIdxMalformed, IndexDtypeMustMatchTheEncoding) {
+  expect_reason(idx_parse_error({i32_indices("w.idx", {1}), tensor("w.val", DType::BF16, {1})}, kIdxMetadata),
+                "tensor w.idx has dtype I32; encoding gap_delta stores U16 or U32 gaps");
+  expect_reason(idx_parse_error({u16_tensor("w.idx", {1}), tensor("w.val", DType::BF16, {1})},
+                                with(kIdxMetadata, "encoding", "raw")),
+                "tensor w.idx has dtype U16; encoding raw stores I32 (or I64) positions");
+  expect_reason(idx_parse_error({tensor("w.idx", DType::F32, {1}), tensor("w.val", DType::BF16, {1})}, kIdxMetadata),
+                "tensor w.idx has dtype F32; encoding gap_delta stores U16 or U32 gaps");
+  expect_reason(idx_parse_error({u16_tensor("w.idx", {1}), tensor("w.val", DType::I16, {1})}, kIdxMetadata),
+                "tensor w.val has dtype I16; deltasync handles");
+}
+
+TEST(TrlIdxMalformed, PairsOfTheOtherLayoutOrIncomplete) {
+  expect_reason(idx_parse_error(good_pair(), kIdxMetadata), "tensor w.indices is neither NAME.idx nor NAME.val");
+  expect_reason(idx_parse_error({u16_tensor("w.idx", {1})}, kIdxMetadata), "tensor w.idx has no matching w.val");
+  expect_reason(idx_parse_error({u16_tensor("w.idx", {1, 2}), tensor("w.val", DType::BF16, {1})}, kIdxMetadata),
+                "tensor w has 2 indices but 1 values");
+}
+
+TEST(TrlIdxMalformed, PositionsOutsideTheTensorOrNotAscending) {
+  const std::vector<TensorMeta> model = {{"w", DType::BF16, {8}}};
+  // uint16 gaps that run past the tensor's end (e.g. a writer that wrapped a wider gap).
+  expect_reason(idx_resolve_error({u16_tensor("w.idx", {2, 5}), tensor("w.val", DType::BF16, {2})}, kIdxMetadata, model),
+                "tensor w: position 8 (entry 1) is outside its 8 elements");
+  expect_reason(idx_resolve_error({i32_indices("w.idx", {3, 3}), tensor("w.val", DType::BF16, {2})},
+                                  with(kIdxMetadata, "encoding", "raw"), model),
+                "tensor w: positions are not strictly ascending at entry 1 (3 after 3)");
+  expect_reason(idx_resolve_error({i32_indices("w.idx", {-1}), tensor("w.val", DType::BF16, {1})},
+                                  with(kIdxMetadata, "encoding", "raw"), model),
+                "tensor w: position -1 (entry 0) is outside its 8 elements");
+  expect_reason(idx_resolve_error({u16_tensor("w.idx", {1}), tensor("w.val", DType::F16, {1})}, kIdxMetadata, model),
+                "tensor w has dtype F16 in delta but BF16 in base");
+}
+
+TEST(TrlIdxLayout, FormatNames) {
+  using deltasync::DeltaFormat;
+  for (const char* name : {"trl", "compact", "trl-idx", "trl-idx-raw"})
+    EXPECT_EQ(deltasync::delta_format_name(deltasync::parse_delta_format(name)), name);
+  EXPECT_EQ(error_message([] { deltasync::parse_delta_format("trl-v3"); }),
+            "unknown delta format 'trl-v3' (choose compact, trl, trl-idx or trl-idx-raw)");
 }

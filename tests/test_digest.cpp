@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "deltasync/digest.hpp"
-#include "deltasync/digest_mix.hpp"
-#include "deltasync/error.hpp"
+#include "codec/digest.hpp"
+#include "codec/digest_mix.hpp"
+#include "core/error.hpp"
 
 namespace ds = deltasync;
 

@@ -5,7 +5,7 @@
 
 #include <limits>
 
-#include "../host/src/http_transport.hpp"
+#include "store/http_transport.hpp"
 
 namespace {
 

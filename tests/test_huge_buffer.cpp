@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "deltasync/error.hpp"
-#include "deltasync/huge_buffer.hpp"
+#include "core/error.hpp"
+#include "core/huge_buffer.hpp"
 
 namespace {
 

@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/cpu_engine.hpp"
-#include "deltasync/delta_file.hpp"
-#include "deltasync/digest.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/integrity.hpp"
-#include "deltasync/safetensors.hpp"
-#include "deltasync/sparse_delta.hpp"
+#include "engine/cpu_engine.hpp"
+#include "format/delta_file.hpp"
+#include "codec/digest.hpp"
+#include "core/error.hpp"
+#include "engine/integrity.hpp"
+#include "format/safetensors.hpp"
+#include "core/sparse_delta.hpp"
 
 namespace ds = deltasync;
 namespace in = deltasync::integrity;

@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "deltasync/protocol.hpp"
-#include "deltasync/sha256.hpp"
+#include "sync/protocol.hpp"
+#include "store/sha256.hpp"
 #include "test_support.hpp"
 
 namespace {

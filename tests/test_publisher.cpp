@@ -9,10 +9,10 @@
 #include <cstring>
 #include <mutex>
 
-#include "deltasync/cpu_engine.hpp"
-#include "deltasync/protocol.hpp"
-#include "deltasync/publisher.hpp"
-#include "deltasync/subscriber.hpp"
+#include "engine/cpu_engine.hpp"
+#include "sync/protocol.hpp"
+#include "sync/publisher.hpp"
+#include "sync/subscriber.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/dtype.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/safetensors.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "format/safetensors.hpp"
 #include "test_support.hpp"
 
 namespace st = deltasync::st;

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "deltasync/sha256.hpp"
+#include "store/sha256.hpp"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "deltasync/store.hpp"
+#include "store/store.hpp"
 #include "test_support.hpp"
 
 namespace {

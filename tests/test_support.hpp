@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 
 // A fresh folder under the system temp directory, removed with its contents on destruction.
 class TempDir {

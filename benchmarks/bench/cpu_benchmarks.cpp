@@ -6,11 +6,11 @@
 #include <memory>
 #include <thread>
 
-#include "deltasync/cpu_engine.hpp"
-#include "deltasync/delta_file.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/parallel.hpp"
-#include "deltasync/safetensors.hpp"
+#include "engine/cpu_engine.hpp"
+#include "format/delta_file.hpp"
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "format/safetensors.hpp"
 #include "host_fixture.hpp"
 
 namespace deltasync::bench {

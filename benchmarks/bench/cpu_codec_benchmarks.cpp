@@ -3,10 +3,10 @@
 #include <cstring>
 #include <filesystem>
 
-#include "deltasync/compact_codec.hpp"
-#include "deltasync/cpu_engine.hpp"
-#include "deltasync/digest.hpp"
-#include "deltasync/error.hpp"
+#include "codec/compact_codec.hpp"
+#include "engine/cpu_engine.hpp"
+#include "codec/digest.hpp"
+#include "core/error.hpp"
 #include "host_fixture.hpp"
 
 namespace deltasync::bench {

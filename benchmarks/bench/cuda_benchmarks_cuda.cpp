@@ -14,9 +14,9 @@
 #include "cuda_device_fixture.hpp"
 #include "deltasync/cuda/digest.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/delta_file.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/safetensors.hpp"
+#include "format/delta_file.hpp"
+#include "core/error.hpp"
+#include "format/safetensors.hpp"
 #include "host_fixture.hpp"
 
 namespace deltasync::bench {

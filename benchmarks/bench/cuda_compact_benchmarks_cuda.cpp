@@ -12,11 +12,11 @@
 
 #include "cuda_buffers.hpp"
 #include "cuda_device_fixture.hpp"
-#include "deltasync/compact_codec.hpp"
-#include "deltasync/cpu_engine.hpp"
+#include "codec/compact_codec.hpp"
+#include "engine/cpu_engine.hpp"
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 #include "host_fixture.hpp"
 
 namespace deltasync::bench {

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "deltasync/dtype.hpp"
-#include "deltasync/error.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
 
 namespace deltasync::bench {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/dtype.hpp"
+#include "core/dtype.hpp"
 
 namespace deltasync::bench {
 

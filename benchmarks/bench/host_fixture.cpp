@@ -7,9 +7,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "deltasync/cpu_engine.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/parallel.hpp"
+#include "engine/cpu_engine.hpp"
+#include "core/error.hpp"
+#include "core/parallel.hpp"
 
 namespace deltasync::bench {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/delta_file.hpp"
-#include "deltasync/sparse_delta.hpp"
+#include "format/delta_file.hpp"
+#include "core/sparse_delta.hpp"
 #include "harness.hpp"
 #include "inputs.hpp"
 

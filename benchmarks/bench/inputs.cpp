@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "deltasync/error.hpp"
-#include "deltasync/parallel.hpp"
+#include "core/error.hpp"
+#include "core/parallel.hpp"
 
 namespace deltasync::bench {
 

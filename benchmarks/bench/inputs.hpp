@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/huge_buffer.hpp"
-#include "deltasync/tensor.hpp"
+#include "core/huge_buffer.hpp"
+#include "core/tensor.hpp"
 
 namespace deltasync::bench {
 

@@ -16,7 +16,7 @@
 #include <set>
 #include <thread>
 
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 #include "host_fixture.hpp"
 #include "options.hpp"
 #include "report.hpp"

@@ -10,7 +10,7 @@
 #include <set>
 #include <sstream>
 
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 
 namespace deltasync::bench {
 

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "deltasync/parallel.hpp"
+#include "core/parallel.hpp"
 #include "host_fixture.hpp"
 #include "inputs.hpp"
 #include "report.hpp"

@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "deltasync/compact_codec.hpp"
+#include "codec/compact_codec.hpp"
 
 namespace realistic {
 namespace {

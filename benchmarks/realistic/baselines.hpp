@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <span>
 
-#include "deltasync/delta_file.hpp"
-#include "deltasync/tensor.hpp"
+#include "format/delta_file.hpp"
+#include "core/tensor.hpp"
 
 namespace realistic {
 

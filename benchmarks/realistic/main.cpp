@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "baselines.hpp"
-#include "deltasync/compact_codec.hpp"
-#include "deltasync/cpu_engine.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/parallel.hpp"
-#include "deltasync/training_sim.hpp"
+#include "codec/compact_codec.hpp"
+#include "engine/cpu_engine.hpp"
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "sim/training_sim.hpp"
 
 namespace {
 

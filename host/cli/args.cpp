@@ -2,7 +2,7 @@
 
 #include <charconv>
 
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 
 namespace deltasync::cli {
 

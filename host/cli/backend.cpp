@@ -1,7 +1,7 @@
 #include "backend.hpp"
 
-#include "deltasync/cpu_engine.hpp"
-#include "deltasync/error.hpp"
+#include "engine/cpu_engine.hpp"
+#include "core/error.hpp"
 #ifdef DELTASYNC_WITH_CUDA
 #include "deltasync/cuda/engine.hpp"
 #endif

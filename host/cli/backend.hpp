@@ -5,10 +5,10 @@
 #include <span>
 
 #include "args.hpp"
-#include "deltasync/compact_codec.hpp"
-#include "deltasync/delta_io.hpp"
-#include "deltasync/sparse_delta.hpp"
-#include "deltasync/tensor.hpp"
+#include "codec/compact_codec.hpp"
+#include "codec/delta_io.hpp"
+#include "core/sparse_delta.hpp"
+#include "core/tensor.hpp"
 
 namespace deltasync::cli {
 

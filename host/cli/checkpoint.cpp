@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 
 namespace deltasync::cli {
 

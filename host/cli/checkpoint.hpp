@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/delta_file.hpp"
-#include "deltasync/huge_buffer.hpp"
-#include "deltasync/safetensors.hpp"
-#include "deltasync/tensor.hpp"
+#include "format/delta_file.hpp"
+#include "core/huge_buffer.hpp"
+#include "format/safetensors.hpp"
+#include "core/tensor.hpp"
 
 namespace deltasync::cli {
 

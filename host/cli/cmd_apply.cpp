@@ -8,11 +8,11 @@
 #include "args.hpp"
 #include "backend.hpp"
 #include "checkpoint.hpp"
-#include "deltasync/atomic_file.hpp"
-#include "deltasync/delta_io.hpp"
-#include "deltasync/digest.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/integrity.hpp"
+#include "format/atomic_file.hpp"
+#include "codec/delta_io.hpp"
+#include "codec/digest.hpp"
+#include "core/error.hpp"
+#include "engine/integrity.hpp"
 
 namespace deltasync::cli {
 namespace {

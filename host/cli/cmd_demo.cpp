@@ -11,11 +11,11 @@
 #include "args.hpp"
 #include "backend.hpp"
 #include "checkpoint.hpp"
-#include "deltasync/delta_io.hpp"
-#include "deltasync/digest.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/integrity.hpp"
-#include "deltasync/training_sim.hpp"
+#include "codec/delta_io.hpp"
+#include "codec/digest.hpp"
+#include "core/error.hpp"
+#include "engine/integrity.hpp"
+#include "sim/training_sim.hpp"
 
 namespace deltasync::cli {
 namespace {

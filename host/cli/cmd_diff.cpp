@@ -6,16 +6,16 @@
 #include "args.hpp"
 #include "backend.hpp"
 #include "checkpoint.hpp"
-#include "deltasync/delta_io.hpp"
-#include "deltasync/digest.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/integrity.hpp"
+#include "codec/delta_io.hpp"
+#include "codec/digest.hpp"
+#include "core/error.hpp"
+#include "engine/integrity.hpp"
 
 namespace deltasync::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "diff BASE NEW -o DELTA [--model-version N] [--base-version N] [--format trl|compact] [--cpu|--gpu]";
+    "diff BASE NEW -o DELTA [--model-version N] [--base-version N] [--format compact|trl|trl-idx|trl-idx-raw] [--cpu|--gpu]";
 
 int run_diff(const Args& raw) {
   auto switches = kBackendSwitches;

@@ -4,7 +4,7 @@
 
 #include "args.hpp"
 #include "checkpoint.hpp"
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 #include <nlohmann/json.hpp>
 
 namespace deltasync::cli {

@@ -7,8 +7,8 @@
 #include "args.hpp"
 #include "checkpoint.hpp"
 #include "command.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/protocol.hpp"
+#include "core/error.hpp"
+#include "sync/protocol.hpp"
 
 namespace deltasync::cli {
 namespace {

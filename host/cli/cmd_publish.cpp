@@ -12,10 +12,10 @@
 #include "args.hpp"
 #include "checkpoint.hpp"
 #include "command.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/protocol.hpp"
-#include "deltasync/publisher.hpp"
-#include "deltasync/subscriber.hpp"
+#include "core/error.hpp"
+#include "sync/protocol.hpp"
+#include "sync/publisher.hpp"
+#include "sync/subscriber.hpp"
 #include "progress.hpp"
 
 namespace deltasync::cli {

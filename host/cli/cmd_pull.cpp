@@ -15,8 +15,8 @@
 #include "args.hpp"
 #include "checkpoint.hpp"
 #include "command.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/subscriber.hpp"
+#include "core/error.hpp"
+#include "sync/subscriber.hpp"
 #include "progress.hpp"
 
 namespace deltasync::cli {

@@ -12,11 +12,11 @@
 
 #include "args.hpp"
 #include "backend.hpp"
-#include "deltasync/digest.hpp"
-#include "deltasync/dtype.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/integrity.hpp"
-#include "deltasync/safetensors.hpp"
+#include "codec/digest.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "engine/integrity.hpp"
+#include "format/safetensors.hpp"
 #include "digest_backend.hpp"
 
 namespace deltasync::cli {

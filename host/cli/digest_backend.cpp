@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "deltasync/digest.hpp"
-#include "deltasync/error.hpp"
+#include "codec/digest.hpp"
+#include "core/error.hpp"
 
 #ifdef DELTASYNC_WITH_CUDA
 #include <cuda_runtime_api.h>

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "backend.hpp"
-#include "deltasync/tensor.hpp"
+#include "core/tensor.hpp"
 
 namespace deltasync::cli {
 

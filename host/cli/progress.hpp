@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "deltasync/store.hpp"
+#include "store/store.hpp"
 
 namespace deltasync::cli {
 

@@ -7,7 +7,7 @@
 
 #include "apply_kernels.cuh"
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 #include "device_buffers.cuh"
 #include "nvtx_ranges.cuh"
 

@@ -9,8 +9,8 @@
 
 #include <cstdint>
 
-#include "deltasync/compact_block_index.hpp"
-#include "deltasync/compact_symbols.hpp"
+#include "codec/compact_block_index.hpp"
+#include "codec/compact_symbols.hpp"
 
 namespace deltasync::cuda::detail::compact_coder {
 

@@ -11,10 +11,10 @@
 
 #include "compact_decode_kernels.cuh"
 #include "compact_fault_text.hpp"
-#include "deltasync/compact_block_index.hpp"
+#include "codec/compact_block_index.hpp"
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 #include "device_buffers.cuh"
 #include "nvtx_ranges.cuh"
 

@@ -13,8 +13,8 @@
 #include "compact_encode_kernels.cuh"
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/error.hpp"
-#include "deltasync/parallel.hpp"
+#include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "device_buffers.cuh"
 #include "nvtx_ranges.cuh"
 

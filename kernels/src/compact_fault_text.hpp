@@ -1,5 +1,5 @@
 // The one-line reason of a GPU compact-decode block fault, in the CPU decoder's words
-// (host/src/compact_codec_block.cpp). Host-only; shared by the decoder and its tests.
+// (host/codec/compact_codec_block.cpp). Host-only; shared by the decoder and its tests.
 #pragma once
 #include <string>
 
@@ -7,7 +7,7 @@
 
 namespace deltasync::cuda::detail {
 
-// The reason text of a block fault, worded as host/src/compact_codec_block.cpp words it.
+// The reason text of a block fault, worded as host/codec/compact_codec_block.cpp words it.
 inline std::string describe_fault(const CompactBlockFault& f) {
   const std::string kind = f.value_table ? "value" : "gap";
   switch (f.code) {

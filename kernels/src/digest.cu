@@ -10,7 +10,7 @@
 
 #include "deltasync/cuda/digest.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/digest_mix.hpp"
+#include "codec/digest_mix.hpp"
 #include "device_buffers.cuh"
 
 namespace deltasync::cuda {

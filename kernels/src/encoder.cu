@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 #include "device_buffers.cuh"
 #include "encode_kernels.cuh"
 #include "nvtx_ranges.cuh"

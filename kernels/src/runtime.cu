@@ -3,7 +3,7 @@
 #include <string>
 
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 
 namespace deltasync::cuda {
 

@@ -9,7 +9,7 @@
 #include "deltasync/cuda/digest.hpp"
 #include "deltasync/cuda/engine.hpp"
 #include "deltasync/cuda/verified_apply.hpp"
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 #include "device_buffers.cuh"
 
 namespace deltasync::cuda {

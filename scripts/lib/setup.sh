@@ -24,7 +24,8 @@ make_python_env() {
     echo "== creating $VENV"
     python3 -m venv "$VENV"
   fi
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/scripts/requirements.txt"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/scripts/requirements.txt" \
+    -r "$ROOT/scripts/requirements-trl.txt"
 }
 
 configure_and_build() {

@@ -15,10 +15,10 @@
 #include <tuple>
 #include <vector>
 
-#include "deltasync/compact_two_phase.hpp"
-#include "deltasync/delta_io.hpp"
-#include "deltasync/integrity.hpp"
-#include "deltasync/publisher.hpp"
+#include "codec/compact_two_phase.hpp"
+#include "codec/delta_io.hpp"
+#include "engine/integrity.hpp"
+#include "sync/publisher.hpp"
 #include "tensor_lists.hpp"
 
 namespace deltasync::torch_ext {

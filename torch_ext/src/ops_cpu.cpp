@@ -8,11 +8,11 @@
 #include <tuple>
 #include <vector>
 
-#include "deltasync/cpu_engine.hpp"
-#include "deltasync/sparse_delta.hpp"
+#include "engine/cpu_engine.hpp"
+#include "core/sparse_delta.hpp"
 #include "tensor_lists.hpp"
 #ifdef DELTASYNC_TORCH_WITH_DIGEST
-#include "deltasync/digest.hpp"
+#include "codec/digest.hpp"
 #endif
 
 namespace deltasync::torch_ext {

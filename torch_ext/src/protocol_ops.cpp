@@ -13,7 +13,7 @@
 #include <tuple>
 #include <vector>
 
-#include "deltasync/protocol.hpp"
+#include "sync/protocol.hpp"
 #include "store_registry.hpp"
 #include "tensor_lists.hpp"
 

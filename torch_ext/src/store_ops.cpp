@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/store.hpp"
+#include "store/store.hpp"
 #include "store_registry.hpp"
 #include "tensor_lists.hpp"
 

@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "deltasync/store.hpp"
+#include "store/store.hpp"
 
 namespace deltasync::torch_ext {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/tensor.hpp"
+#include "core/tensor.hpp"
 
 namespace deltasync::torch_ext {
 

@@ -2,7 +2,7 @@
 #pragma once
 #include <c10/util/Exception.h>
 
-#include "deltasync/error.hpp"
+#include "core/error.hpp"
 
 namespace deltasync::torch_ext {
 

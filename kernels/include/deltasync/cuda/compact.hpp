@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "deltasync/compact_codec.hpp"
-#include "deltasync/delta_file.hpp"
-#include "deltasync/tensor.hpp"
+#include "codec/compact_codec.hpp"
+#include "format/delta_file.hpp"
+#include "core/tensor.hpp"
 
 namespace deltasync::cuda {
 

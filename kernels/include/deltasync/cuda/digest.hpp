@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "deltasync/tensor.hpp"
+#include "core/tensor.hpp"
 
 namespace deltasync::cuda {
 

@@ -10,7 +10,7 @@
 #include <span>
 #include <string>
 
-#include "deltasync/tensor.hpp"
+#include "core/tensor.hpp"
 
 namespace deltasync::cuda {
 

@@ -7,8 +7,8 @@
 #include <optional>
 #include <span>
 
-#include "deltasync/integrity.hpp"
-#include "deltasync/tensor.hpp"
+#include "engine/integrity.hpp"
+#include "core/tensor.hpp"
 
 namespace deltasync::cuda {
 

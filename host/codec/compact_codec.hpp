@@ -1,0 +1,126 @@
+// The compact delta format: the same changes as the interoperable layout, entropy-coded close to
+// the information they carry (docs/compact-format.md is the byte-level specification).
+//
+// Per changed tensor NAME the file holds two U8 tensors:
+//   NAME.cindex  a 24-byte header and one 32-byte record per block (little-endian)
+//   NAME.cdata   the blocks' payloads, back to back
+// A block covers up to `block_elements` consecutive changes of one tensor. Positions are coded
+// as gaps (position - previous - 1) after the block's first position; values as the zigzagged
+// difference of *ordered* bit patterns between the new and the base bits, so ±1 ulp costs about
+// one bit even across sign and exponent boundaries. Both are split into a token (coded with a
+// static-table rANS coder, one table per block and stream kind) and raw low bits. Blocks are
+// independent, so encode and decode run one block per task (a GPU twin can run one per thread).
+//
+// Because values are relative to the base, decoding needs the base tensors' bits: the decoder
+// gathers them at the decoded positions and returns ready-to-apply patches, plus the base bits
+// (DeltaView::base_values layout) that digest updates need.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "codec/compact_block_index.hpp"
+#include "codec/compact_symbols.hpp"
+#include "format/delta_file.hpp"
+#include "format/safetensors.hpp"
+#include "core/sparse_delta.hpp"
+#include "core/tensor.hpp"
+
+namespace deltasync::compact {
+
+// Written as metadata "compact_version"; readers refuse other values.
+inline constexpr uint32_t kFormatVersion = 1;
+// Changes per block: large enough that the per-block tables cost < 1%, small enough that a
+// 1%-dense 1B-element model gives thousands of blocks to spread over cores (or GPU threads).
+inline constexpr uint32_t kDefaultBlockElements = 16384;
+
+inline constexpr std::string_view kIndexSuffix = ".cindex";
+inline constexpr std::string_view kDataSuffix = ".cdata";
+
+struct Options {
+  uint32_t block_elements = kDefaultBlockElements;  // 1 .. 2^24
+  bool parallel = true;  // false: run on the calling thread only (per-core measurements)
+};
+
+// One changed tensor, encoded.
+struct EncodedTensor {
+  std::string name;                  // the model tensor's name
+  uint64_t changed = 0;              // number of changed elements
+  std::vector<uint8_t> block_index;  // content of NAME.cindex
+  std::vector<uint8_t> payload;      // content of NAME.cdata
+};
+
+// A borrowed view of an encoded tensor (e.g. pointing into a mapped file).
+struct EncodedTensorView {
+  std::string_view name;
+  std::span<const uint8_t> block_index;
+  std::span<const uint8_t> payload;
+};
+
+// Encodes every tensor with at least one change (in `tensors` order). `delta` must come from an
+// encode of `tensors` (same count, widths matching) and carry base_values. Throws Error.
+std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const DeltaView& delta,
+                                  const Options& options = {});
+
+// The result of a decode, laid out per BASE tensor (storage.offsets has base.size() + 1
+// entries; unchanged tensors have count 0). storage.values are the new bits, storage.base_values
+// the base bits gathered at the changed positions. `changed_names` lists the changed tensors in
+// file order.
+struct DecodedDelta {
+  SparseDelta storage;
+  std::vector<std::string> changed_names;
+  DeltaInfo info;  // filled by decode_compact_delta (model_version, base_version, other keys in extra)
+
+  // patches[t] applies to base tensor t (count 0 where unchanged); valid while *this lives.
+  std::vector<PatchRef> patches(std::span<const TensorMeta> base_meta) const;
+};
+
+// What every decoder (this one and its GPU twin) checks before any block is decoded: each
+// encoded tensor names a base tensor (once) of a supported width, and its block index is valid
+// (parse_block_index). `base` describes the base tensors (its data pointers are not read).
+// Throws Error("LABEL: ...").
+std::vector<ParsedBlockIndex> parse_encoded_tensors(std::span<const EncodedTensorView> encoded,
+                                                    std::span<const TensorMeta> base_meta,
+                                                    std::span<const ConstTensorRef> base, const std::string& label);
+// The decoded delta's layout per base tensor: offsets and value offsets (T + 1 entries each).
+void layout_offsets(std::span<const ParsedBlockIndex> parsed, std::span<const TensorMeta> base_meta,
+                    std::vector<uint64_t>& offsets, std::vector<uint64_t>& value_offsets);
+
+// Decodes encoded tensors against the base. base[t] holds base_meta[t]'s bits (host memory).
+// Every position is validated (inside the tensor, strictly ascending) and every stream checked
+// for truncation and trailing bytes; on any defect throws Error("LABEL: tensor NAME: reason")
+// and leaves `out` in an unspecified state (the base is never written).
+void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMeta> base_meta,
+            std::span<const ConstTensorRef> base, const std::string& label, DecodedDelta& out,
+            const Options& options = {});
+
+// ---- safetensors container -------------------------------------------------------------------
+
+// Metadata: sparse="True", format="compact", compact_version, compact_block_elements,
+// model_version, base_version (when known), sparsity, changed_params, total_elements,
+// total_changed_elements, tensor_shapes (same meaning as in the interoperable layout), plus
+// info.extra verbatim.
+std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors, const DeltaView& delta,
+                                             const DeltaInfo& info, const Options& options = {});
+// Same bytes, written atomically (temp name + rename).
+void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
+                         const DeltaInfo& info, const Options& options = {});
+// The same file from tensors already encoded with `options` (by this codec or its GPU twin, whose
+// bytes are identical); `delta` is the change set they encode (for the metadata).
+void write_compact_delta(const std::string& path, std::span<const TensorMeta> tensors, const DeltaView& delta,
+                         const DeltaInfo& info, std::vector<EncodedTensor> encoded, const Options& options = {});
+
+// True when the file's metadata says format="compact".
+bool is_compact_delta(const st::File& file);
+
+// Reads a compact delta file and decodes it against the base (see decode()). Returns the
+// patches for every base tensor, ready for cpu::apply(targets, patches); they point into `out`.
+// Throws Error("LABEL: ...") for a file of another format or version, a tensor the base lacks,
+// a dtype or shape that differs from the base, or any corrupt stream.
+std::vector<PatchRef> decode_compact_delta(const st::File& file, std::span<const TensorMeta> base_meta,
+                                           std::span<const ConstTensorRef> base, DecodedDelta& out,
+                                           const Options& options = {});
+
+}  // namespace deltasync::compact

@@ -1,0 +1,74 @@
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "codec/compact_two_phase.hpp"
+#include "core/error.hpp"
+
+namespace deltasync::compact {
+namespace {
+
+// A read-only all-zero region at least `bytes` long, shared by all callers and kept for the
+// process's life. It is an anonymous mapping that is only ever read, so every page is the
+// kernel's shared zero page: it costs address space and page-table entries, not memory, which
+// is why the existing decoder can run against "a base of zeros" of any size.
+const uint8_t* zero_region(uint64_t bytes) {
+  static std::mutex mutex;
+  static void* region = nullptr;
+  static uint64_t region_bytes = 0;
+  std::lock_guard lock(mutex);
+  if (bytes > region_bytes) {
+    // Grown regions are never unmapped: a concurrent decoder may still read the old one.
+    void* grown = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (grown == MAP_FAILED) throw Error("compact: cannot reserve " + std::to_string(bytes) + " bytes of address space");
+    region = grown;
+    region_bytes = bytes;
+  }
+  return static_cast<const uint8_t*>(region);
+}
+
+template <uint32_t W>
+void rebase_w(const uint8_t* unbased, const uint8_t* base, uint8_t* out, size_t n) {
+  const uint32_t zero_ordered = to_ordered(0, W);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u = 0, b = 0;
+    std::memcpy(&u, unbased + i * W, W);
+    std::memcpy(&b, base + i * W, W);
+    const uint32_t ordered = (to_ordered(b, W) + to_ordered(u, W) - zero_ordered) & width_mask(W);
+    const uint32_t bits = from_ordered(ordered, W);
+    std::memcpy(out + i * W, &bits, W);
+  }
+}
+
+}  // namespace
+
+std::vector<PatchRef> decode_compact_delta_unbased(const st::File& file, std::span<const TensorMeta> base_meta,
+                                                   DecodedDelta& out, const Options& options) {
+  uint64_t largest = 1;
+  for (const TensorMeta& m : base_meta) largest = std::max<uint64_t>(largest, m.numel() * m.width());
+  const uint8_t* zeros = zero_region(largest);
+  std::vector<ConstTensorRef> base;
+  base.reserve(base_meta.size());
+  for (const TensorMeta& m : base_meta) base.push_back(ConstTensorRef{m.name, zeros, m.numel(), m.width()});
+  return decode_compact_delta(file, base_meta, base, out, options);
+}
+
+void rebase_values(std::span<const uint8_t> unbased, std::span<const uint8_t> base_bits, uint32_t width,
+                   std::span<uint8_t> new_bits) {
+  if (unbased.size() != base_bits.size() || unbased.size() != new_bits.size())
+    throw Error("compact: rebase_values: " + std::to_string(unbased.size()) + " unbased bytes, " +
+                std::to_string(base_bits.size()) + " base bytes, " + std::to_string(new_bits.size()) + " output bytes");
+  if ((width != 1 && width != 2 && width != 4) || unbased.size() % width != 0)
+    throw Error("compact: rebase_values: width " + std::to_string(width) + " does not fit " +
+                std::to_string(unbased.size()) + " bytes");
+  const size_t n = unbased.size() / width;
+  switch (width) {
+    case 1: rebase_w<1>(unbased.data(), base_bits.data(), new_bits.data(), n); break;
+    case 2: rebase_w<2>(unbased.data(), base_bits.data(), new_bits.data(), n); break;
+    default: rebase_w<4>(unbased.data(), base_bits.data(), new_bits.data(), n); break;
+  }
+}
+
+}  // namespace deltasync::compact

@@ -1,0 +1,24 @@
+// The CPU twin of the CUDA kernels: the same operations on host memory, multithreaded, with
+// byte-identical results. It is the reference in tests and the backend where no GPU exists.
+#pragma once
+#include <span>
+
+#include "core/sparse_delta.hpp"
+#include "core/tensor.hpp"
+
+namespace deltasync::cpu {
+
+// Compares every item's current bits with its shadow, writes the changed positions (ascending)
+// and their current bits into `out` (reusing its capacity), and copies the changed bits into
+// the shadow so that afterwards shadow == current. Throws Error on a bad width.
+void encode(std::span<const EncodeItem> items, SparseDelta& out);
+
+// Validates every patch against its target (same index: patches[t] patches targets[t]): widths
+// match, indices strictly ascending and inside the tensor. On any violation throws Error naming
+// the tensor and writes nothing; otherwise scatters all values.
+void apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches);
+
+// Only the validation half of apply (throws the same errors).
+void validate(std::span<const TensorRef> targets, std::span<const PatchRef> patches);
+
+}  // namespace deltasync::cpu

@@ -1,0 +1,339 @@
+// Manifests, visibility, catch-up planning and retention (see protocol.hpp for the layout).
+#include "sync/protocol.hpp"
+
+#include <charconv>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "store/sha256.hpp"
+
+namespace deltasync::protocol {
+namespace {
+
+using json = nlohmann::json;
+
+std::string padded(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%020llu", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// A decimal version number (at most 20 digits); nullopt when not all digits or above 2^64-1.
+std::optional<uint64_t> parse_version_digits(std::string_view digits) {
+  uint64_t v = 0;
+  if (digits.empty() || digits.size() > 20) return std::nullopt;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (ec != std::errc{} || end != digits.data() + digits.size()) return std::nullopt;
+  return v;
+}
+
+// The version an object key belongs to: deltas/V-..., anchors/V-.../..., manifests/V.json.
+std::optional<uint64_t> version_of_object_key(const std::string& key) {
+  for (const char* prefix : {"deltas/", "anchors/", "manifests/"}) {
+    std::string p(prefix);
+    if (key.rfind(p, 0) != 0) continue;
+    std::string digits = key.substr(p.size(), 20);
+    if (digits.size() != 20) return std::nullopt;
+    return parse_version_digits(digits);
+  }
+  return std::nullopt;
+}
+
+json object_json(const ObjectRef& o) { return json{{"key", o.key}, {"size", o.size}, {"sha256", o.sha256}}; }
+
+[[noreturn]] void bad(const std::string& label, const std::string& why) { throw Error(label + ": " + why); }
+
+const json& field(const json& j, const char* name, const std::string& label) {
+  auto it = j.find(name);
+  if (it == j.end()) bad(label, std::string("manifest has no \"") + name + "\"");
+  return *it;
+}
+
+uint64_t get_u64(const json& j, const char* name, const std::string& label) {
+  const json& v = field(j, name, label);
+  if (!v.is_number_unsigned()) bad(label, std::string("manifest field \"") + name + "\" is not a non-negative integer");
+  return v.get<uint64_t>();
+}
+
+ObjectRef object_from_json(const json& j, const std::string& label) {
+  if (!j.is_object()) bad(label, "manifest object entry is not a JSON object");
+  ObjectRef o;
+  const json& key = field(j, "key", label);
+  const json& sha = field(j, "sha256", label);
+  if (!key.is_string() || !sha.is_string()) bad(label, "manifest object entry has a non-string key or sha256");
+  o.key = key.get<std::string>();
+  o.sha256 = sha.get<std::string>();
+  o.size = get_u64(j, "size", label);
+  if (o.sha256.size() != 64 || o.sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
+    bad(label, "manifest object " + o.key + " has a malformed sha256");
+  if (o.key.empty() || o.key.find("..") != std::string::npos || o.key[0] == '/') bad(label, "manifest names an invalid object key");
+  return o;
+}
+
+}  // namespace
+
+std::string manifest_key(uint64_t version) { return std::string(kManifestPrefix) + padded(version) + ".json"; }
+
+std::optional<uint64_t> version_of_manifest_key(const std::string& key) {
+  const std::string prefix(kManifestPrefix);
+  if (key.size() != prefix.size() + 20 + 5 || key.rfind(prefix, 0) != 0 || key.substr(key.size() - 5) != ".json") return std::nullopt;
+  return parse_version_digits(std::string_view(key).substr(prefix.size(), 20));
+}
+
+std::string delta_key(uint64_t version, const std::string& nonce) { return "deltas/" + padded(version) + "-" + nonce + ".safetensors"; }
+
+std::string anchor_part_key(uint64_t version, const std::string& nonce, size_t part) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "part-%05zu", part);
+  return "anchors/" + padded(version) + "-" + nonce + "/" + buf + ".safetensors";
+}
+
+std::string new_nonce() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%012llx", static_cast<unsigned long long>(rng() & 0xffffffffffffull));
+  return buf;
+}
+
+uint64_t Manifest::anchor_bytes() const {
+  uint64_t total = 0;
+  for (const auto& p : anchor_parts) total += p.size;
+  return total;
+}
+
+void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const std::string& label) {
+  if (bytes.size() != ref.size)
+    throw Error(label + ": size " + std::to_string(bytes.size()) + " differs from the manifest's " + std::to_string(ref.size));
+  if (sha256_hex(bytes) != ref.sha256) throw Error(label + ": sha256 differs from the manifest's (corrupt object)");
+}
+
+std::string to_json(const Manifest& m) {
+  json j;
+  j["format"] = "deltasync-manifest";
+  j["format_version"] = kManifestFormat;
+  j["version"] = m.version;
+  j["kind"] = m.kind();
+  j["base_version"] = m.base_version ? json(*m.base_version) : json(nullptr);
+  j["delta"] = m.delta ? object_json(*m.delta) : json(nullptr);
+  j["delta_format"] = m.delta_format;
+  j["changed_elements"] = m.changed_elements;
+  json parts = json::array();
+  for (const auto& p : m.anchor_parts) parts.push_back(object_json(p));
+  j["anchor_parts"] = parts;
+  j["latest_anchor"] = m.latest_anchor ? json(*m.latest_anchor) : json(nullptr);
+  j["total_elements"] = m.total_elements;
+  j["model_bytes"] = m.model_bytes;
+  j["digest_algorithm"] = m.digest_algorithm;
+  j["digests"] = m.digests;
+  j["created_unix_ms"] = m.created_unix_ms;
+  return j.dump(1);
+}
+
+Manifest manifest_from_json(std::string_view text, const std::string& label) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    bad(label, std::string("manifest is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad(label, "manifest is not a JSON object");
+  const json& fmt = field(j, "format", label);
+  if (fmt != "deltasync-manifest") bad(label, "not a deltasync manifest");
+  if (get_u64(j, "format_version", label) != kManifestFormat)
+    bad(label, "manifest format_version " + field(j, "format_version", label).dump() + " is not supported");
+  Manifest m;
+  m.version = get_u64(j, "version", label);
+  const json& base = field(j, "base_version", label);
+  if (!base.is_null()) m.base_version = get_u64(j, "base_version", label);
+  const json& delta = field(j, "delta", label);
+  if (!delta.is_null()) m.delta = object_from_json(delta, label);
+  if (m.delta.has_value() != m.base_version.has_value()) bad(label, "manifest has a delta without base_version or the reverse");
+  if (m.base_version && *m.base_version >= m.version) bad(label, "manifest base_version is not older than its version");
+  const json& df = field(j, "delta_format", label);
+  if (!df.is_string()) bad(label, "manifest delta_format is not a string");
+  m.delta_format = df.get<std::string>();
+  if (m.delta && m.delta_format != "compact" && m.delta_format != "trl") bad(label, "manifest delta_format '" + m.delta_format + "' is unknown");
+  m.changed_elements = get_u64(j, "changed_elements", label);
+  const json& parts = field(j, "anchor_parts", label);
+  if (!parts.is_array()) bad(label, "manifest anchor_parts is not an array");
+  for (const auto& p : parts) m.anchor_parts.push_back(object_from_json(p, label));
+  if (!m.delta && m.anchor_parts.empty()) bad(label, "manifest names neither a delta nor an anchor");
+  const json& la = field(j, "latest_anchor", label);
+  if (!la.is_null()) m.latest_anchor = get_u64(j, "latest_anchor", label);
+  if (m.has_anchor() && m.latest_anchor != m.version) bad(label, "manifest with an anchor must name itself as latest_anchor");
+  m.total_elements = get_u64(j, "total_elements", label);
+  m.model_bytes = get_u64(j, "model_bytes", label);
+  const json& alg = field(j, "digest_algorithm", label);
+  if (!alg.is_string()) bad(label, "manifest digest_algorithm is not a string");
+  m.digest_algorithm = alg.get<std::string>();
+  const json& digests = field(j, "digests", label);
+  if (!digests.is_object()) bad(label, "manifest digests is not an object");
+  for (auto it = digests.begin(); it != digests.end(); ++it) {
+    if (!it.value().is_string()) bad(label, "manifest digest of " + it.key() + " is not a string");
+    m.digests[it.key()] = it.value().get<std::string>();
+  }
+  m.created_unix_ms = get_u64(j, "created_unix_ms", label);
+  return m;
+}
+
+std::optional<uint64_t> parse_latest(std::string_view text, const std::string& label) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.remove_suffix(1);
+  const auto version = parse_version_digits(text);
+  if (!version) throw Error(label + ": malformed LATEST pointer");
+  return version;
+}
+
+std::optional<uint64_t> read_latest(Store& store) {
+  try {
+    auto bytes = store.get(kLatestKey);
+    return parse_latest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), store.describe(kLatestKey));
+  } catch (const NotFoundError&) {
+    return std::nullopt;
+  }
+}
+
+bool write_manifest(Store& store, const Manifest& manifest) {
+  std::string text = to_json(manifest);
+  std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text.data()), text.size());
+  if (!store.put_if_absent(manifest_key(manifest.version), bytes)) {
+    // A retried create whose first attempt did succeed (the answer was lost on the way back)
+    // finds its own manifest: the object names carry a per-upload nonce, so equal bytes mean
+    // it is ours.
+    std::vector<uint8_t> existing;
+    try {
+      existing = store.get(manifest_key(manifest.version));
+    } catch (const NotFoundError&) {
+      return false;
+    }
+    if (existing.size() != bytes.size() || !std::equal(existing.begin(), existing.end(), bytes.begin())) return false;
+  }
+  return true;
+}
+
+void advance_latest(Store& store, uint64_t version) {
+  // LATEST only moves forward. With one publisher per store (the supported setup) the
+  // read-compare-write cannot race with another writer.
+  auto latest = read_latest(store);
+  if (!latest || *latest < version) {
+    std::string pointer = std::to_string(version) + "\n";
+    store.put(kLatestKey, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(pointer.data()), pointer.size()));
+  }
+}
+
+bool commit_version(Store& store, const Manifest& manifest) {
+  if (!write_manifest(store, manifest)) return false;
+  advance_latest(store, manifest.version);
+  return true;
+}
+
+const Manifest* Catalog::find(uint64_t version) {
+  if (auto it = cache_.find(version); it != cache_.end()) return &it->second;
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = store_.get(manifest_key(version));
+  } catch (const NotFoundError&) {
+    return nullptr;
+  }
+  Manifest m = manifest_from_json(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                                  store_.describe(manifest_key(version)));
+  if (m.version != version) throw Error(store_.describe(manifest_key(version)) + ": manifest names version " + std::to_string(m.version));
+  return &cache_.emplace(version, std::move(m)).first->second;
+}
+
+std::vector<uint64_t> Catalog::refresh() {
+  std::set<uint64_t> present;
+  for (const auto& info : store_.list(kManifestPrefix)) {
+    if (auto v = version_of_manifest_key(info.key)) present.insert(*v);
+  }
+  for (auto it = cache_.begin(); it != cache_.end();) it = present.count(it->first) ? std::next(it) : cache_.erase(it);
+  std::vector<uint64_t> versions(present.begin(), present.end());
+  for (uint64_t v : versions) find(v);
+  return versions;
+}
+
+std::optional<uint64_t> Catalog::newest(bool can_list) {
+  std::optional<uint64_t> best = read_latest(store_);
+  if (can_list) {
+    auto versions = refresh();
+    if (!versions.empty() && (!best || versions.back() > *best)) best = versions.back();
+  }
+  return best;
+}
+
+std::string CatchUpPlan::describe() const {
+  std::string out;
+  if (anchor_version) out = "anchor " + std::to_string(*anchor_version);
+  if (!deltas.empty()) {
+    if (!out.empty()) out += " + ";
+    out += std::to_string(deltas.size()) + (deltas.size() == 1 ? " delta" : " deltas");
+  }
+  if (out.empty()) out = "nothing";
+  return out + " (" + std::to_string(bytes) + " bytes)";
+}
+
+std::optional<CatchUpPlan> plan_catch_up(Catalog& catalog, std::optional<uint64_t> current, uint64_t target,
+                                         bool allow_current) {
+  if (allow_current && current && *current == target) return CatchUpPlan{};
+  // Walk target's chain of base versions backwards, summing delta bytes. Every anchor met is a
+  // candidate start; reaching `current` is the delta-only candidate.
+  std::optional<CatchUpPlan> best;
+  std::vector<uint64_t> chain;  // versions whose deltas are applied, newest first
+  uint64_t chain_bytes = 0;
+  uint64_t v = target;
+  for (;;) {
+    const Manifest* m = catalog.find(v);
+    if (!m) break;  // deleted by retention or never published: the chain ends here
+    if (m->has_anchor()) {
+      uint64_t cost = m->anchor_bytes() + chain_bytes;
+      if (!best || cost < best->bytes) {
+        best = CatchUpPlan{v, std::vector<uint64_t>(chain.rbegin(), chain.rend()), cost};
+      }
+    }
+    if (!m->delta || !m->base_version) break;
+    chain.push_back(v);
+    chain_bytes += m->delta_bytes();
+    if (best && chain_bytes >= best->bytes) break;  // longer walks only cost more
+    v = *m->base_version;
+    if (allow_current && current && v == *current) {
+      if (!best || chain_bytes < best->bytes) best = CatchUpPlan{std::nullopt, std::vector<uint64_t>(chain.rbegin(), chain.rend()), chain_bytes};
+      break;
+    }
+  }
+  return best;
+}
+
+RetentionReport apply_retention(Store& store, size_t keep_anchors) {
+  RetentionReport report;
+  if (keep_anchors == 0) return report;
+  Catalog catalog(store);
+  std::vector<uint64_t> versions = catalog.refresh();
+  std::vector<uint64_t> anchors;
+  for (uint64_t v : versions)
+    if (const auto* m = catalog.find(v); m && m->has_anchor()) anchors.push_back(v);  // a manifest may vanish meanwhile
+  if (anchors.size() <= keep_anchors) return report;
+  const uint64_t oldest_kept = anchors[anchors.size() - keep_anchors];
+  for (uint64_t v : versions) {
+    if (v >= oldest_kept) break;
+    store.remove(manifest_key(v));  // invisible first
+    report.deleted_versions.push_back(v);
+  }
+  // Then every object of an older version: those of the deleted manifests and orphans of
+  // uploads that never committed.
+  for (const char* prefix : {"deltas/", "anchors/"}) {
+    for (const auto& info : store.list(prefix)) {
+      auto v = version_of_object_key(info.key);
+      if (!v || *v >= oldest_kept) continue;
+      store.remove(info.key);
+      ++report.deleted_objects;
+      report.deleted_bytes += info.size;
+    }
+  }
+  return report;
+}
+
+}  // namespace deltasync::protocol

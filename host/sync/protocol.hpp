@@ -1,0 +1,138 @@
+// The store protocol: how versions are laid out in a store, what a manifest says, how a version
+// becomes visible, how a reader plans its catch-up and what retention deletes.
+//
+// Layout under the store's root (V = version as 20 decimal digits, so names sort by version;
+// NONCE = 12 hex digits chosen per upload, so a retried or racing upload never overwrites an
+// object a visible manifest names):
+//   deltas/V-NONCE.safetensors          a delta (compact or TRL layout) from base_version to V
+//   anchors/V-NONCE/part-00000.safetensors ...  the full weights at V, split at tensor
+//                                       boundaries into parts of bounded size
+//   manifests/V.json                    written once (exclusive create) after its objects
+//   LATEST                              "V\n", rewritten after each manifest (a hint: a reader
+//                                       also trusts any manifest it can see)
+// A version exists exactly when its manifest does. Versions need not be consecutive (a
+// publisher that fell behind merges pending versions into one delta).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "store/store.hpp"
+
+namespace deltasync::protocol {
+
+inline constexpr const char* kLatestKey = "LATEST";
+inline constexpr const char* kManifestPrefix = "manifests/";
+inline constexpr int kManifestFormat = 1;
+
+std::string manifest_key(uint64_t version);
+// The version a manifest key names, or nullopt for any other key.
+std::optional<uint64_t> version_of_manifest_key(const std::string& key);
+std::string delta_key(uint64_t version, const std::string& nonce);
+std::string anchor_part_key(uint64_t version, const std::string& nonce, size_t part);
+std::string new_nonce();
+
+struct ObjectRef {
+  std::string key;
+  uint64_t size = 0;
+  std::string sha256;  // lowercase hex of the object's bytes
+};
+
+struct Manifest {
+  uint64_t version = 0;
+  // The delta bringing base_version to version (absent for a version published only as an
+  // anchor, e.g. the first one).
+  std::optional<ObjectRef> delta;
+  std::optional<uint64_t> base_version;
+  std::string delta_format;  // "compact" or "trl"
+  uint64_t changed_elements = 0;
+  // The full weights at `version`, in parts (empty when this version has no anchor).
+  std::vector<ObjectRef> anchor_parts;
+  // The newest version <= this one that has an anchor: a reader without listing rights can
+  // always find a recovery point from any manifest.
+  std::optional<uint64_t> latest_anchor;
+  uint64_t total_elements = 0;
+  uint64_t model_bytes = 0;
+  std::string digest_algorithm;                // integrity's algorithm name; empty when none
+  std::map<std::string, std::string> digests;  // every tensor's digest at `version` (hex)
+  uint64_t created_unix_ms = 0;
+
+  bool has_anchor() const { return !anchor_parts.empty(); }
+  uint64_t delta_bytes() const { return delta ? delta->size : 0; }
+  uint64_t anchor_bytes() const;
+  std::string kind() const { return has_anchor() ? (delta ? "anchor+delta" : "anchor") : "delta"; }
+};
+
+// Checks an object's bytes against the size and SHA-256 its manifest records; throws
+// Error("LABEL: ...") naming what differs (a corrupt or replaced object).
+void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const std::string& label);
+
+std::string to_json(const Manifest& manifest);
+// Strict: every required field present with the right type. Throws Error("LABEL: reason").
+Manifest manifest_from_json(std::string_view text, const std::string& label);
+
+// Makes a version visible: writes its manifest with put_if_absent (returns false, writing
+// nothing, when the version already exists), then advances LATEST if it is older.
+bool commit_version(Store& store, const Manifest& manifest);
+// The two steps of commit_version. write_manifest treats finding its own bytes as success (a
+// retried create whose first answer was lost).
+bool write_manifest(Store& store, const Manifest& manifest);
+void advance_latest(Store& store, uint64_t version);
+
+// Reads LATEST ("V\n"); nullopt when absent. Throws Error for malformed contents.
+std::optional<uint64_t> read_latest(Store& store);
+std::optional<uint64_t> parse_latest(std::string_view text, const std::string& label);
+
+// Manifests are immutable, so a catalog fetches each at most once.
+class Catalog {
+ public:
+  explicit Catalog(Store& store) : store_(store) {}
+  // The manifest of a version, or nullopt when it does not exist (never published, or deleted
+  // by retention). Cached once found.
+  const Manifest* find(uint64_t version);
+  // Lists manifests/ (stores that can list) and loads the ones not yet cached; versions whose
+  // manifests disappeared are forgotten. Returns the versions in ascending order.
+  std::vector<uint64_t> refresh();
+  // The newest visible version: max(LATEST, newest listed manifest when listing is possible).
+  std::optional<uint64_t> newest(bool can_list);
+  void forget(uint64_t version) { cache_.erase(version); }
+
+ private:
+  Store& store_;
+  std::map<uint64_t, Manifest> cache_;
+};
+
+// A way to reach `target`: optionally load the anchor of `anchor_version` first, then apply the
+// deltas of `deltas` (ascending versions) in order.
+struct CatchUpPlan {
+  std::optional<uint64_t> anchor_version;
+  std::vector<uint64_t> deltas;
+  uint64_t bytes = 0;  // total bytes to fetch
+  std::string describe() const;
+};
+
+// The cheapest plan by bytes from `current` (nullopt: the reader has nothing) to `target`:
+// the chain of deltas from current (when target's base links lead back to it), or any anchor
+// on target's chain plus the deltas after it. `allow_current` false plans from an anchor only
+// (recovery). Returns nullopt when no plan exists (e.g. no anchor left on the chain).
+std::optional<CatchUpPlan> plan_catch_up(Catalog& catalog, std::optional<uint64_t> current, uint64_t target,
+                                         bool allow_current = true);
+
+struct RetentionReport {
+  std::vector<uint64_t> deleted_versions;
+  uint64_t deleted_objects = 0;
+  uint64_t deleted_bytes = 0;
+};
+
+// Keeps the newest `keep_anchors` anchors and every version from the oldest kept anchor on;
+// deletes the other versions (manifest first, so no visible version ever names a missing
+// object) and orphaned objects older than the oldest kept anchor (left by killed uploads).
+// Needs a store that can list. keep_anchors == 0 keeps everything.
+RetentionReport apply_retention(Store& store, size_t keep_anchors);
+
+}  // namespace deltasync::protocol

@@ -1,0 +1,489 @@
+#include "sync/publisher.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "codec/delta_io.hpp"
+#include "engine/cpu_engine.hpp"
+#include "codec/digest.hpp"
+#include "engine/integrity.hpp"
+#include "sync/protocol.hpp"
+#include "store/sha256.hpp"
+#include "store/http_transport.hpp"
+
+namespace deltasync {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+uint64_t unix_ms() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
+SparseDelta copy_delta(const DeltaView& v) {
+  SparseDelta d;
+  d.offsets.assign(v.offsets.begin(), v.offsets.end());
+  d.value_offsets.assign(v.value_offsets.begin(), v.value_offsets.end());
+  d.indices.assign(v.indices.begin(), v.indices.end());
+  d.values.assign(v.values.begin(), v.values.end());
+  d.base_values.assign(v.base_values.begin(), v.base_values.end());
+  return d;
+}
+
+// True when the store holds exactly this manifest (a create whose answer was lost).
+bool stored_manifest_is(Store& store, const protocol::Manifest& manifest) {
+  const std::string text = protocol::to_json(manifest);
+  try {
+    const std::vector<uint8_t> stored = store.get(protocol::manifest_key(manifest.version));
+    return stored.size() == text.size() && std::equal(stored.begin(), stored.end(), text.begin(),
+                                                      [](uint8_t a, char b) { return a == static_cast<uint8_t>(b); });
+  } catch (const NotFoundError&) {
+    return false;
+  }
+}
+
+protocol::ObjectRef upload_object(Store& store, const std::string& key, std::span<const uint8_t> bytes) {
+  store.put(key, bytes);
+  return protocol::ObjectRef{key, bytes.size(), sha256_hex(bytes)};
+}
+
+}  // namespace
+
+SparseDelta merge_deltas(const DeltaView& older, const DeltaView& newer, std::span<const TensorMeta> tensors) {
+  const size_t T = tensors.size();
+  if (older.num_tensors() != T || newer.num_tensors() != T) throw Error("merge_deltas: deltas describe a different number of tensors");
+  if (older.base_values.size() != older.values.size()) throw Error("merge_deltas: older delta lacks base values");
+  SparseDelta out;
+  out.offsets.assign(1, 0);
+  out.value_offsets.assign(1, 0);
+  out.indices.reserve(older.total_changed() + newer.total_changed());
+  out.values.reserve(older.values.size() + newer.values.size());
+  out.base_values.reserve(out.values.capacity());
+  for (size_t t = 0; t < T; ++t) {
+    const uint32_t w = tensors[t].width();
+    uint64_t i = older.offsets[t], ie = older.offsets[t + 1];
+    uint64_t j = newer.offsets[t], je = newer.offsets[t + 1];
+    const uint8_t* ov = older.values.data() + older.value_offsets[t];
+    const uint8_t* ob = older.base_values.data() + older.value_offsets[t];
+    const uint8_t* nv = newer.values.data() + newer.value_offsets[t];
+    const bool newer_has_base = newer.base_values.size() == newer.values.size();
+    const uint8_t* nb = newer_has_base ? newer.base_values.data() + newer.value_offsets[t] : nullptr;
+    auto push = [&](int64_t index, const uint8_t* value, const uint8_t* base) {
+      out.indices.push_back(index);
+      out.values.insert(out.values.end(), value, value + w);
+      out.base_values.insert(out.base_values.end(), base, base + w);
+    };
+    while (i < ie || j < je) {
+      const int64_t a = i < ie ? older.indices[i] : INT64_MAX;
+      const int64_t b = j < je ? newer.indices[j] : INT64_MAX;
+      const uint64_t ko = i - older.offsets[t], kn = j - newer.offsets[t];
+      if (a < b) {
+        push(a, ov + ko * w, ob + ko * w);
+        ++i;
+      } else if (b < a) {
+        // Only the newer delta touches it: its base bits are the older delta's result there,
+        // i.e. the newer delta's own base.
+        if (!nb) throw Error("merge_deltas: newer delta lacks base values");
+        push(b, nv + kn * w, nb + kn * w);
+        ++j;
+      } else {
+        push(a, nv + kn * w, ob + ko * w);  // newest value, oldest base
+        ++i;
+        ++j;
+      }
+    }
+    out.offsets.push_back(out.indices.size());
+    out.value_offsets.push_back(out.values.size());
+  }
+  return out;
+}
+
+struct Publisher::Job {
+  uint64_t version = 0;
+  std::optional<uint64_t> base_version;
+  bool has_delta = false;
+  SparseDelta delta;
+  bool anchor = false;
+  std::vector<std::vector<uint8_t>> snapshot;  // full weights when anchor
+  uint64_t merged = 1;
+  Clock::time_point published_at;
+  double stage_seconds = 0;
+  // Set once the manifest is written: a retry after a later failure (LATEST) must not upload
+  // the version again, and nothing may be merged into it.
+  std::optional<protocol::Manifest> committed;
+  std::vector<uint64_t> result_digests;
+  VersionStats committed_stats;
+  // The manifest the last try was writing when it failed. Its create may have succeeded with
+  // the answer lost (every retry of the exclusive create failing afterwards): the next try then
+  // finds exactly these bytes in the store and finishes the version instead of refusing it as
+  // "already exists" forever.
+  std::optional<protocol::Manifest> attempted_manifest;
+  std::vector<uint64_t> attempted_digests;
+  VersionStats attempted_stats;
+};
+
+Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, PublisherOptions options)
+    : store_(std::move(store)), tensors_(std::move(tensors)), options_(std::move(options)) {
+  if (!store_) throw Error("publisher: no store");
+  if (options_.delta_format != "compact" && options_.delta_format != "trl")
+    throw Error("publisher: unknown delta format '" + options_.delta_format + "' (compact or trl)");
+  options_.max_pending = std::max<size_t>(options_.max_pending, 1);
+  for (const auto& t : tensors_) model_bytes_ += t.numel() * t.width();
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+Publisher::~Publisher() {
+  {
+    // Finish what is queued, but never retry an upload whose failure the caller has already
+    // been told about (or is about to be lost with this object): a version must not become
+    // visible after the caller saw its publish fail and moved on.
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return paused_ || (queue_.empty() && !busy_); });
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  worker_.join();
+}
+
+void Publisher::note(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+void Publisher::restore(HostModel shadow, const PublisherState& state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (staged_version_ || busy_ || !queue_.empty()) throw Error("publisher: restore must come before the first publish");
+  if (shadow.tensors.size() != tensors_.size()) throw Error("publisher: state has " + std::to_string(shadow.tensors.size()) + " tensors, the model " + std::to_string(tensors_.size()));
+  for (size_t t = 0; t < tensors_.size(); ++t)
+    if (shadow.tensors[t].name != tensors_[t].name || shadow.tensors[t].dtype != tensors_[t].dtype || shadow.tensors[t].shape != tensors_[t].shape)
+      throw Error("publisher: state tensor " + shadow.tensors[t].name + " does not match the model's " + tensors_[t].name);
+  if (shadow.digests.size() != shadow.tensors.size()) shadow.compute_digests();
+  uploaded_digests_ = shadow.digests;
+  shadow_ = std::move(shadow);
+  uploaded_ = state;
+  staged_version_ = state.last_version;
+  staged_anchor_version_ = state.last_anchor_version;
+}
+
+bool Publisher::anchor_due(uint64_t version) const {
+  if (!staged_version_) return true;
+  if (!staged_anchor_version_) return true;
+  if (options_.anchor_every && version - *staged_anchor_version_ >= options_.anchor_every) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return options_.anchor_share > 0 && double(uploaded_.delta_bytes_since_anchor) > options_.anchor_share * double(model_bytes_);
+}
+
+void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> current) {
+  if (current.size() != tensors_.size()) throw Error("publish: expected " + std::to_string(tensors_.size()) + " tensors, got " + std::to_string(current.size()));
+  for (size_t t = 0; t < current.size(); ++t)
+    if (current[t].numel != tensors_[t].numel() || current[t].width != tensors_[t].width())
+      throw Error("publish: tensor " + tensors_[t].name + " has a different size than the model describes");
+  auto read_full = [&](size_t t, std::span<uint8_t> out) { std::memcpy(out.data(), current[t].data, out.size()); };
+  if (shadow_.empty()) {
+    // First version of this publisher: the shadow starts as a copy and the version is an anchor.
+    shadow_.tensors = tensors_;
+    shadow_.data.resize(tensors_.size());
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      shadow_.data[t].resize(tensors_[t].numel() * tensors_[t].width());
+      read_full(t, shadow_.data[t]);
+    }
+    shadow_.version = version;
+    publish_staged(version, DeltaView{}, read_full);
+    return;
+  }
+  if (staged_version_ && version <= *staged_version_)
+    throw Error("publish: version " + std::to_string(version) + " is not newer than " + std::to_string(*staged_version_));
+  std::vector<EncodeItem> items(tensors_.size());
+  for (size_t t = 0; t < tensors_.size(); ++t)
+    items[t] = EncodeItem{tensors_[t].name, current[t].data, shadow_.data[t].data(), tensors_[t].numel(), tensors_[t].width()};
+  cpu::encode(items, scratch_);
+  shadow_.version = version;
+  shadow_.digests.clear();  // the uploader tracks digests; the shadow's would go stale
+  publish_staged(version, scratch_.view(), read_full);
+}
+
+void Publisher::publish_staged(uint64_t version, const DeltaView& staged,
+                               const std::function<void(size_t, std::span<uint8_t>)>& read_full) {
+  auto start = Clock::now();
+  if (staged_version_ && version <= *staged_version_)
+    throw Error("publish: version " + std::to_string(version) + " is not newer than " + std::to_string(*staged_version_));
+  auto job = std::make_unique<Job>();
+  job->version = version;
+  job->published_at = start;
+  job->base_version = staged_version_;
+  job->has_delta = staged_version_.has_value();
+  if (job->has_delta) {
+    if (staged.num_tensors() != tensors_.size()) throw Error("publish: staged delta has " + std::to_string(staged.num_tensors()) + " tensors, the model " + std::to_string(tensors_.size()));
+    job->delta = copy_delta(staged);
+  }
+  bool anchor = anchor_due(version);
+  {
+    // Merging into a pending anchor makes the merged version an anchor: it needs these weights.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (queue_.size() >= options_.max_pending && (queue_.back()->anchor || !queue_.back()->has_delta)) anchor = true;
+  }
+  if (anchor) {
+    job->anchor = true;
+    job->snapshot.resize(tensors_.size());
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      job->snapshot[t].resize(tensors_[t].numel() * tensors_[t].width());
+      read_full(t, job->snapshot[t]);
+    }
+    staged_anchor_version_ = version;
+  }
+  staged_version_ = version;
+  job->stage_seconds = seconds_since(start);
+  enqueue(std::move(job));
+  // A background failure is reported after this version is safely queued (the caller's shadow
+  // already moved on, so dropping the version would break the chain).
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failure_) {
+    auto f = failure_;
+    failure_ = nullptr;
+    std::rethrow_exception(f);
+  }
+}
+
+void Publisher::enqueue(std::unique_ptr<Job> job) {
+  std::string merged_note;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // A pending anchor can only absorb a version that brings its own full weights: otherwise the
+    // merged anchor would carry the older version's weights under the newer number.
+    // publish_staged makes such a version an anchor when it sees the queue full, but the queue
+    // can fill up after that look (a failed upload goes back to its front), so this is checked
+    // again here; the version is then queued on its own, one over max_pending for a while.
+    if (queue_.size() >= options_.max_pending && !queue_.back()->committed && (job->anchor || !queue_.back()->anchor)) {
+      // Uploads fell behind: fold this version into the newest pending one.
+      Job& back = *queue_.back();
+      if (back.has_delta && job->has_delta) back.delta = merge_deltas(back.delta.view(), job->delta.view(), tensors_);
+      if (job->anchor) back.snapshot = std::move(job->snapshot);
+      back.anchor = back.anchor || job->anchor;
+      if (back.anchor && back.snapshot.empty()) throw Error("publisher: merged anchor without weights (internal error)");
+      back.version = job->version;
+      back.merged += job->merged;
+      back.stage_seconds += job->stage_seconds;
+      back.attempted_manifest.reset();  // a different version now: an earlier try's manifest is not its own
+      merged_note = "merged version " + std::to_string(job->version) + " into a pending upload (" + std::to_string(back.merged) + " versions)";
+    } else {
+      queue_.push_back(std::move(job));
+    }
+    // A failed upload waiting at the front is tried again now. (Only a failure already seen
+    // counts: one still in progress must be reported before it is retried.)
+    if (paused_) retry_requested_ = true;
+  }
+  changed_.notify_all();
+  // The log callback runs without the lock: it may block (a Python logger takes the GIL) while
+  // another thread asks for stats() or state().
+  if (!merged_note.empty()) note(merged_note);
+}
+
+void Publisher::flush() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failure_) {  // report a failure once; the failed job stays queued for the next try
+    auto f = failure_;
+    failure_ = nullptr;
+    std::rethrow_exception(f);
+  }
+  if (paused_) retry_requested_ = true;
+  changed_.notify_all();
+  changed_.wait(lock, [&] { return (queue_.empty() && !busy_) || (failure_ && !busy_); });
+  if (failure_) {
+    auto f = failure_;
+    failure_ = nullptr;
+    std::rethrow_exception(f);
+  }
+}
+
+std::vector<VersionStats> Publisher::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+PublisherState Publisher::state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return uploaded_;
+}
+
+void Publisher::worker_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    // After a failure the failed job waits at the front until the caller publishes again or
+    // flushes (a store that is down is not hammered in a loop).
+    changed_.wait(lock, [&] { return stopping_ || (!queue_.empty() && (!paused_ || retry_requested_)); });
+    // Shutting down: stop once nothing is queued, or when what is left already failed and
+    // nobody asked for another try (the destructor's flush reported it).
+    if (stopping_ && (queue_.empty() || (paused_ && !retry_requested_))) return;
+    retry_requested_ = false;
+    paused_ = false;
+    std::unique_ptr<Job> job = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      upload(*job);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    busy_ = false;
+    if (error) {
+      failure_ = error;
+      paused_ = true;
+      queue_.push_front(std::move(job));
+    }
+    changed_.notify_all();
+  }
+}
+
+void Publisher::upload(Job& job) {
+  auto t0 = Clock::now();
+  Store& store = *store_;
+  const std::string manifest_key = protocol::manifest_key(job.version);
+  if (!job.committed && job.attempted_manifest && stored_manifest_is(store, *job.attempted_manifest)) {
+    job.committed = std::move(job.attempted_manifest);
+    job.result_digests = std::move(job.attempted_digests);
+    job.committed_stats = job.attempted_stats;
+    job.committed_stats.visible_seconds = seconds_since(job.published_at);
+    job.attempted_manifest.reset();
+  }
+  if (job.committed) {  // the manifest is out; only LATEST and the bookkeeping were missing
+    protocol::advance_latest(store, job.version);
+    finish(job, job.committed_stats, job.result_digests);
+    return;
+  }
+  VersionStats st;
+  st.version = job.version;
+  st.base_version = job.has_delta ? job.base_version : std::nullopt;
+  st.anchor = job.anchor;
+  st.merged_versions = job.merged;
+  st.stage_seconds = job.stage_seconds;
+
+  // 1. Encode: delta file with integrity digests, anchor parts.
+  std::vector<uint8_t> delta_bytes;
+  std::vector<uint64_t> result_digests;
+  PublisherState before;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    before = uploaded_;
+  }
+  if (job.has_delta) {
+    if (job.base_version != before.last_version)
+      throw Error("publisher: version " + std::to_string(job.version) + " is based on " + std::to_string(*job.base_version) +
+                  " but the store's last version from this publisher is " +
+                  (before.last_version ? std::to_string(*before.last_version) : "none"));
+    if (uploaded_digests_.size() != tensors_.size()) throw Error("publisher: no digests of the base version (restore() not called?)");
+    const DeltaView view = job.delta.view();
+    auto dd = integrity::delta_digests(tensors_, view, uploaded_digests_, job.version, job.base_version);
+    DeltaInfo info;
+    integrity::put_delta_digests(info, dd);
+    delta_bytes = serialize_delta(parse_delta_format(options_.delta_format), tensors_, view, info);
+    result_digests = uploaded_digests_;
+    integrity::advance_digests(result_digests, tensors_, view);
+    st.changed_elements = view.total_changed();
+  }
+  std::vector<std::vector<uint8_t>> parts;
+  if (job.anchor) {
+    std::vector<ConstTensorRef> refs;
+    for (size_t t = 0; t < tensors_.size(); ++t) refs.push_back(ConstTensorRef{tensors_[t].name, job.snapshot[t].data(), tensors_[t].numel(), tensors_[t].width()});
+    auto full = digest_tensors(refs);
+    if (job.has_delta && full != result_digests)
+      throw Error("publisher: version " + std::to_string(job.version) + ": the anchor's weights disagree with the delta chain's digests");
+    result_digests = std::move(full);
+    // Parts at tensor boundaries, each at most anchor_part_bytes unless one tensor is larger.
+    std::vector<std::vector<size_t>> groups(1);
+    uint64_t in_group = 0;
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      uint64_t n = job.snapshot[t].size();
+      if (!groups.back().empty() && in_group + n > options_.anchor_part_bytes) {
+        groups.emplace_back();
+        in_group = 0;
+      }
+      groups.back().push_back(t);
+      in_group += n;
+    }
+    for (size_t k = 0; k < groups.size(); ++k) {
+      std::vector<st::WriteTensor> write;
+      integrity::DigestMap digests;
+      for (size_t t : groups[k]) {
+        write.push_back(st::WriteTensor{tensors_[t].name, tensors_[t].dtype, tensors_[t].shape, job.snapshot[t]});
+        digests.emplace(tensors_[t].name, result_digests[t]);
+      }
+      st::Metadata md{{"sparse", "False"}, {"format", "anchor"}, {"model_version", std::to_string(job.version)},
+                      {"anchor_part", std::to_string(k) + "/" + std::to_string(groups.size())}};
+      integrity::put_checkpoint_digests(md, digests);
+      parts.push_back(st::serialize(write, md));
+    }
+  }
+  st.encode_seconds = seconds_since(t0);
+
+  // 2. Upload objects under fresh names, then the manifest (exclusive), then LATEST.
+  auto t1 = Clock::now();
+  if (store.head(manifest_key)) throw Error(store.describe(manifest_key) + ": version " + std::to_string(job.version) + " already exists");
+  protocol::Manifest m;
+  m.version = job.version;
+  const std::string nonce = protocol::new_nonce();
+  if (job.has_delta) {
+    m.delta = upload_object(store, protocol::delta_key(job.version, nonce), delta_bytes);
+    m.base_version = job.base_version;
+    m.delta_format = options_.delta_format;
+    m.changed_elements = st.changed_elements;
+    st.delta_bytes = delta_bytes.size();
+  }
+  m.anchor_parts.resize(parts.size());
+  http::run_parallel(parts.size(), options_.parallel_uploads, [&](size_t k) {
+    m.anchor_parts[k] = upload_object(store, protocol::anchor_part_key(job.version, nonce, k), parts[k]);
+  });
+  for (const auto& p : parts) st.anchor_bytes += p.size();
+  m.latest_anchor = job.anchor ? std::optional<uint64_t>(job.version) : before.last_anchor_version;
+  for (const auto& t : tensors_) m.total_elements += t.numel();
+  m.model_bytes = model_bytes_;
+  m.digest_algorithm = std::string(integrity::kDigestAlgorithm);
+  for (size_t t = 0; t < tensors_.size(); ++t) m.digests[tensors_[t].name] = digest_to_hex(result_digests[t]);
+  m.created_unix_ms = unix_ms();
+  job.attempted_manifest = m;
+  job.attempted_digests = result_digests;
+  job.attempted_stats = st;
+  job.attempted_stats.upload_seconds = seconds_since(t1);
+  if (!protocol::write_manifest(store, m))
+    throw Error(store.describe(manifest_key) + ": version " + std::to_string(job.version) + " was published by someone else meanwhile");
+  st.upload_seconds = seconds_since(t1);
+  st.visible_seconds = seconds_since(job.published_at);
+  job.committed = std::move(m);
+  job.result_digests = result_digests;
+  job.committed_stats = st;
+  protocol::advance_latest(store, job.version);
+  finish(job, st, result_digests);
+}
+
+void Publisher::finish(const Job& job, const VersionStats& st, const std::vector<uint64_t>& result_digests) {
+  Store& store = *store_;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uploaded_.last_version = job.version;
+    if (job.anchor) {
+      uploaded_.last_anchor_version = job.version;
+      uploaded_.delta_bytes_since_anchor = 0;
+    } else {
+      uploaded_.delta_bytes_since_anchor += st.delta_bytes;
+    }
+    uploaded_digests_ = result_digests;
+    stats_.push_back(st);
+  }
+  note("version " + std::to_string(job.version) + " visible: " + (job.anchor ? "anchor " + std::to_string(st.anchor_bytes) + " B, " : std::string()) +
+       (job.has_delta ? "delta " + std::to_string(st.delta_bytes) + " B" : "no delta"));
+
+  // 3. Retention after each new anchor; a failure here never un-publishes anything.
+  if (job.anchor && options_.keep_anchors) {
+    try {
+      auto r = protocol::apply_retention(store, options_.keep_anchors);
+      if (!r.deleted_versions.empty()) note("retention: deleted " + std::to_string(r.deleted_versions.size()) + " versions, " + std::to_string(r.deleted_bytes) + " bytes");
+    } catch (const Error& e) {
+      note(std::string("retention skipped: ") + e.what());
+    }
+  }
+}
+
+}  // namespace deltasync

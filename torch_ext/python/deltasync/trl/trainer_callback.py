@@ -1,0 +1,60 @@
+"""deltasync for TRL's synchronous trainers (GRPOTrainer, RLOOTrainer, any transformers Trainer):
+a callback that publishes the policy after every optimizer step.
+
+    from deltasync.trl import DeltaSyncCallback
+    trainer = GRPOTrainer(model=..., args=GRPOConfig(use_vllm=False, ...), reward_funcs=...,
+                          callbacks=[DeltaSyncCallback("s3://bucket/run")])
+
+Version N is the weights after optimizer step N (version 0: the weights training starts from,
+an anchor). With an engine, each step waits until its version is visible and served (the
+engine paused only for the update); without one the upload overlaps the next step and
+receivers follow the store on their own. The callback must see the same parameters on every
+step: a single process, or rank 0 of a run whose parameters are whole there (not FSDP shards)."""
+from __future__ import annotations
+
+import logging
+
+from transformers import TrainerCallback
+
+from .engine import InferenceEngine
+from .sync import DeltaSync
+
+logger = logging.getLogger(__name__)
+
+
+def _policy(model):
+    """The parameters a receiver loads: the trainable ones, under the names of the unwrapped model."""
+    model = getattr(model, "module", model)  # DDP
+    pairs = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    sharded = [name for name, p in pairs if type(p.data).__name__ == "DTensor"]
+    if sharded:
+        raise ValueError(f"deltasync.trl.DeltaSyncCallback: parameter {sharded[0]} is an FSDP shard; the callback "
+                         "publishes whole parameters (one process or DDP)")
+    return pairs
+
+
+class DeltaSyncCallback(TrainerCallback):
+    def __init__(self, store, engine: InferenceEngine | None = None, **publisher_options):
+        """`publisher_options` go to deltasync.DeltaPublisher (anchor_every, format, low_memory, ...)."""
+        self.sync = DeltaSync(store, engine, **publisher_options)
+
+    @property
+    def reports(self):
+        return self.sync.reports
+
+    def _publish(self, state, model) -> None:
+        if state.is_world_process_zero:
+            self.sync.publish(_policy(model), version=state.global_step)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if getattr(args, "use_vllm", False):
+            logger.warning("deltasync.trl.DeltaSyncCallback: use_vllm=True, so TRL still sends the weights to vLLM "
+                           "itself; the callback publishes them to the store in addition")
+        if self.sync.publisher is None:
+            self._publish(state, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self._publish(state, model)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.sync.close()
