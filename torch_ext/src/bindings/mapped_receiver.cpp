@@ -77,7 +77,7 @@ class MappedSubscriber final : public SubscriberBinding {
   // The all-reduce of the digest partials, in Python (torch.distributed over the TP group).
   static CombinePartials combiner(py::object fn) {
     if (fn.is_none()) return {};
-    auto holder = std::make_shared<py::object>(std::move(fn));
+    auto holder = shared_py_object(std::move(fn));
     return [holder](std::span<uint64_t> partials) {
       py::gil_scoped_acquire gil;
       py::list in;
@@ -96,7 +96,7 @@ class MappedSubscriber final : public SubscriberBinding {
   // The engine's loader for full weights: called with (name, tensor) pairs whose tensors view
   // the verified host bytes (valid during the call).
   static LoadFull loader(py::object fn) {
-    auto holder = std::make_shared<py::object>(std::move(fn));
+    auto holder = shared_py_object(std::move(fn));
     return [holder](std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes) {
       py::gil_scoped_acquire gil;
       py::list pairs;
