@@ -70,6 +70,12 @@ MappedReceiver::MappedReceiver(MappedModel model, engine::SyncEngine& engine, Co
   }
   for (const OwnedRanges& o : model_.owned)
     if (o.hf_tensor >= T || o.start.size() != o.length.size()) throw Error("mapped receiver: bad ownership ranges");
+  served_.assign(T, true);
+  for (uint32_t t : model_.unserved) {
+    if (t >= T) throw Error("mapped receiver: bad unserved tensor index");
+    if (!targets_[t].empty()) throw Error("mapped receiver: tensor " + model_.hf[t].name + " is marked unserved but has runs on this rank");
+    served_[t] = false;
+  }
 }
 
 uint64_t MappedReceiver::map_runs() const {
@@ -114,6 +120,9 @@ void MappedReceiver::recompute_digests() {
     }
   }
   if (combine_) combine_(partial);
+  // Unserved tensors keep the digests last promised for them (none yet: zero until an anchor).
+  for (size_t t = 0; t < T; ++t)
+    if (!served_[t]) partial[t] = digests_.size() == T ? digests_[t] : 0;
   digests_ = std::move(partial);
 }
 
@@ -127,12 +136,14 @@ void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<con
   digests_.clear();
   load_full_(meta, bytes);
   recompute_digests();
-  for (size_t t = 0; t < digests.size(); ++t)
+  for (size_t t = 0; t < digests.size(); ++t) {
+    if (!served_[t]) digests_[t] = digests[t];
     if (digests_[t] != digests[t])
       throw Error("anchor of version " + std::to_string(version) + ": after loading, tensor " + model_.hf[t].name + " hashes to " +
                       digest_to_hex(digests_[t]) + " in the runtime parameters, the anchor to " + digest_to_hex(digests[t]) +
                       " (the index map or the loader does not reproduce the published bits)",
                   ErrorKind::kIntegrity);
+  }
   version_ = version;
 }
 
@@ -360,15 +371,17 @@ uint64_t MappedReceiver::apply(const engine::DeltaToApply& delta, engine::Transf
     const auto it = p.expected.result.find(model_.hf[t].name);
     if (it == p.expected.result.end()) continue;
     const uint64_t got = digests_[t] + partial[t];
-    if (got != it->second) {
+    if (served_[t] && got != it->second) {
       roll_back();
       throw Error(what + " result digest mismatch for tensor " + model_.hf[t].name + ": expected " + digest_to_hex(it->second) +
                       ", got " + digest_to_hex(got) + " across the ranks; weights restored to their state before the delta",
                   ErrorKind::kIntegrity);
     }
   }
-  for (size_t t = 0; t < T; ++t)
-    if (p.expected.result.contains(model_.hf[t].name)) digests_[t] += partial[t];
+  for (size_t t = 0; t < T; ++t) {
+    const auto it = p.expected.result.find(model_.hf[t].name);
+    if (it != p.expected.result.end()) digests_[t] = served_[t] ? digests_[t] + partial[t] : it->second;
+  }
   version_ = delta.model_version;
   return p.elements;
 }

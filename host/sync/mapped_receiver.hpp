@@ -43,6 +43,10 @@ struct MappedModel {
   std::vector<TensorRef> params;         // their memory, where the engine runs
   std::vector<MappedRuns> runs;          // every (HF tensor, parameter) pair with elements
   std::vector<OwnedRanges> owned;        // one entry per HF tensor this rank owns elements of
+  // HF tensors no rank serves (the engine's loader drops them, as vLLM drops the lm_head of a
+  // tied model): nothing is written for them, and their digests are the store's promises (the
+  // anchor's, then each delta's result) since no runtime parameter holds their bits.
+  std::vector<uint32_t> unserved;
 };
 
 // Sums per-tensor partial digests (mod 2^64) across the ranks in place.
@@ -78,6 +82,7 @@ class MappedReceiver final : public Receiver {
   CombinePartials combine_;
   LoadFull load_full_;
   std::vector<std::vector<const MappedRuns*>> targets_;  // per HF tensor: its runs, by parameter
+  std::vector<bool> served_;                              // per HF tensor: false when in model_.unserved
   std::optional<uint64_t> version_;
   std::vector<uint64_t> digests_;
 };

@@ -71,7 +71,9 @@ def test_async_grpo_trains_on_rollouts_from_the_receiver(tmp_path, monkeypatch):
             p.zero_()
     store = f"file://{tmp_path / 'store'}"
     engine = CheckedEngine(receiver, store, trainer_model=None)  # the trainer's model, once it is built
-    transfer = DeltaWeightTransfer(store, engine=engine, anchor_every=0)
+    # Only the first version anchors: this tiny model's deltas are about half its size, so the
+    # default size rule (anchor_share) would anchor every other step.
+    transfer = DeltaWeightTransfer(store, engine=engine, anchor_every=0, anchor_share=1e9)
     worker = RecordingRolloutWorker()
     args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
                            max_completion_length=6, max_steps=STEPS, report_to="none", save_strategy="no",

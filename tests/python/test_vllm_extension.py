@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import vllm_standin as vs  # noqa: E402
 
 import deltasync  # noqa: E402
+from deltasync.errors import BadDeltaError  # noqa: E402
 from deltasync.vllm import DeltaWorkerExtension  # noqa: E402
 
 Worker = vs.make_worker_class(DeltaWorkerExtension)
@@ -47,12 +48,11 @@ def test_workers_stay_bit_identical_to_a_full_reload(tmp_path, tp_size, tied):
     trainer = vs.HFModel(config, seed=0)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=2e-5)  # sparse bf16 deltas, as in RL
     store = f"file://{tmp_path / 'bucket'}"
-    workers = [Worker(vs.StandinForCausalLM(config, vs.TP(r, tp_size)), rank=r) for r in range(tp_size)]
+    workers = vs.make_workers(Worker, config, tp_size)
     with deltasync.DeltaPublisher(trainer, store=store, anchor_every=3) as pub:
         pub.publish(0)
         pub.flush()
-        for w in workers:
-            report = w.deltasync_init(store)
+        for report in vs.on_all_ranks(workers, "deltasync_init", store):
             assert report["version"] == 0 and report["anchor"] == 0
         for r, w in enumerate(workers):
             assert_rank_matches(w, config, vs.TP(r, tp_size), hf_state(trainer))
@@ -60,8 +60,7 @@ def test_workers_stay_bit_identical_to_a_full_reload(tmp_path, tp_size, tied):
             adamw_steps(trainer, optimizer, step)
             stats = pub.publish(step)
             pub.flush()
-            for r, w in enumerate(workers):
-                report = w.deltasync_update()
+            for r, (w, report) in enumerate(zip(workers, vs.on_all_ranks(workers, "deltasync_update"))):
                 assert report["version"] == step and report["deltas"] == [step]
                 assert report["anchor"] is None and report["bytes"] == stats.delta_bytes
                 assert report["pause_seconds"] > 0
@@ -75,10 +74,9 @@ def test_index_maps_are_runs_not_elements(tmp_path):
     store = f"file://{tmp_path / 'bucket'}"
     with deltasync.DeltaPublisher(trainer, store=store) as pub:
         pub.publish(0)
-    tp = vs.TP(1, 2)
-    worker = Worker(vs.StandinForCausalLM(config, tp), rank=1)
-    report = worker.deltasync_init(store)
-    imap = worker._deltasync.receiver.index_map
+    workers = vs.make_workers(Worker, config, 2)
+    report = vs.on_all_ranks(workers, "deltasync_init", store)[1]
+    imap = workers[1]._deltasync_imap  # rank 1's map
     runs = {name: sum(t.hf_start.numel() for t in ts) for name, ts in imap.targets.items()}
     # Row-sharded (output dim): this rank's rows are one contiguous block -> one run.
     assert runs["model.layers.0.self_attn.q_proj.weight"] == 1
@@ -103,10 +101,10 @@ def test_kv_heads_replicated_across_ranks_map_to_the_same_hf_rows(tmp_path):
         with torch.no_grad():
             trainer.model.layers[0].self_attn.k_proj.weight.view(torch.int16)[3, 7] += 1
         pub.publish(1)
-    for r in range(4):
-        w = Worker(vs.StandinForCausalLM(config, vs.TP(r, 4)), rank=r)
-        w.deltasync_init(store, version=0)
-        w.deltasync_update()
+    workers = vs.make_workers(Worker, config, 4)
+    vs.on_all_ranks(workers, "deltasync_init", store, version=0)
+    vs.on_all_ranks(workers, "deltasync_update")
+    for r, w in enumerate(workers):
         assert_rank_matches(w, config, vs.TP(r, 4), hf_state(trainer))
 
 
@@ -123,20 +121,19 @@ def test_cuda_workers_stay_bit_identical(tmp_path):
     config = vs.Config()
     trainer = vs.HFModel(config)
     store = f"file://{tmp_path / 'bucket'}"
-    workers = [Worker(vs.StandinForCausalLM(config, vs.TP(r, 2)).cuda(), rank=r) for r in range(2)]
+    groups = vs.tp_groups(2)
+    workers = [Worker(vs.StandinForCausalLM(config, vs.TP(r, 2)).cuda(), rank=r, group=groups[r]) for r in range(2)]
     with deltasync.DeltaPublisher(trainer, store=store) as pub:
         pub.publish(0)
         pub.flush()
-        for w in workers:
-            w.deltasync_init(store)
+        vs.on_all_ranks(workers, "deltasync_init", store)
         for step in (1, 2):
             with torch.no_grad():
                 for p in trainer.parameters():
                     p.view(-1).view(torch.int16)[step::11] += 1
             pub.publish(step)
             pub.flush()
-            for r, w in enumerate(workers):
-                report = w.deltasync_update()
+            for r, (w, report) in enumerate(zip(workers, vs.on_all_ranks(workers, "deltasync_update"))):
                 assert report["applied_elements"] > 0
                 expected = vs.reference_runtime_params(config, vs.TP(r, 2), hf_state(trainer))
                 for name, p in w.model_runner.model.named_parameters():
@@ -188,39 +185,58 @@ def test_tied_lm_head_published_under_both_names(tmp_path):
     with deltasync.DeltaPublisher(tensors, store=store) as pub:
         pub.publish(0)
         pub.flush()
-        workers = [Worker(vs.StandinForCausalLM(config, vs.TP(r, 2)), rank=r) for r in range(2)]
-        for w in workers:
-            w.deltasync_init(store)
+        workers = vs.make_workers(Worker, config, 2)
+        vs.on_all_ranks(workers, "deltasync_init", store)
         with torch.no_grad():
             trainer.model.embed_tokens.weight.view(torch.int16)[[1, 70, 99], 3] += 1
         pub.publish(1)
         pub.flush()
-        imap = workers[0]._deltasync.receiver.index_map
+        imap = workers[0]._deltasync_imap
         assert imap.targets["lm_head.weight"] == []
+        reports = vs.on_all_ranks(workers, "deltasync_update")
+        assert all(r["changed_elements"] == 6 for r in reports)  # the delta names both
+        assert sum(r["applied_elements"] for r in reports) == 3  # written once, through the embedding
         for r, w in enumerate(workers):
-            report = w.deltasync_update()
-            assert report["changed_elements"] == 3  # applied once, through the embedding
             assert_rank_matches(w, config, vs.TP(r, 2), hf_state(trainer))
 
 
-def test_runtime_dtype_other_than_the_checkpoints_casts_values(tmp_path):
-    # vLLM serving in float32 a model trained/published in bfloat16: the per-tensor path casts.
+def test_runtime_dtype_other_than_the_checkpoints_is_refused_before_anything_is_written(tmp_path):
+    # vLLM serving in float32 a model published in bfloat16: a delta's bits cannot be written as
+    # they are, nor its digests checked in the runtime parameters. Refused at init, one line, with
+    # the engine's weights untouched.
     config = vs.Config()
     trainer = vs.HFModel(config)
     store = f"file://{tmp_path / 'bucket'}"
-    tp = vs.TP(1, 2)
-    worker = Worker(vs.StandinForCausalLM(config, tp, dtype=torch.float32), rank=1)
+    worker = Worker(vs.StandinForCausalLM(config, vs.TP(0, 1), dtype=torch.float32))
+    before = hf_state(worker.model_runner.model)
+    with deltasync.DeltaPublisher(trainer, store=store) as pub:
+        pub.publish(0)
+    with pytest.raises(BadDeltaError, match=r"model\.embed_tokens\.weight is published as BF16 but served .* as F32"):
+        worker.deltasync_init(store)
+    for name, p in worker.model_runner.model.named_parameters():
+        assert torch.equal(p.detach().view(torch.int32), before[name].view(torch.int32)), name
+
+
+def test_a_digest_mismatch_on_one_rank_rolls_back_every_rank_and_recovers(tmp_path):
+    # Rank 0 holds embedding row 1; a write behind the extension's back into the element the
+    # next delta changes makes rank 0's result partial wrong. The combined result digest then
+    # fails on every rank, every rank rolls back and both recover from the anchor.
+    config = vs.Config()
+    trainer = vs.HFModel(config)
+    store = f"file://{tmp_path / 'bucket'}"
+    workers = vs.make_workers(Worker, config, 2)
     with deltasync.DeltaPublisher(trainer, store=store) as pub:
         pub.publish(0)
         pub.flush()
-        worker.deltasync_init(store)
+        vs.on_all_ranks(workers, "deltasync_init", store)
         with torch.no_grad():
-            for p in trainer.parameters():
-                p.view(-1).view(torch.int16)[::7] += 1
+            trainer.model.embed_tokens.weight.view(torch.int16)[1, 3] += 1
+            workers[0].model_runner.model.model.embed_tokens.weight.view(torch.int16)[1, 3] += 7
         pub.publish(1)
         pub.flush()
-        report = worker.deltasync_update()
-    assert report["applied_elements"] > 0
-    expected = vs.reference_runtime_params(config, tp, hf_state(trainer), dtype=torch.float32)
-    for name, p in worker.model_runner.model.named_parameters():
-        assert torch.equal(p.detach().view(torch.int32), expected[name].view(torch.int32)), name
+        reports = vs.on_all_ranks(workers, "deltasync_update")
+    for r, (w, report) in enumerate(zip(workers, reports)):
+        assert report["version"] == 1
+        assert report["recovered"] and "digest" in report["recovered"], report["recovered"]
+        assert report["anchor"] == 0
+        assert_rank_matches(w, config, vs.TP(r, 2), hf_state(trainer))

@@ -278,12 +278,72 @@ class ModelRunner:
 
 
 class StandinWorker:
-    """vLLM's worker as a worker extension sees it: self.model_runner.model, self.rank."""
+    """vLLM's worker as a worker extension sees it: self.model_runner.model, self.rank, and the
+    tensor-parallel CPU group (vLLM's get_tp_group().cpu_group) as `group`."""
 
-    def __init__(self, model: nn.Module, rank: int = 0):
+    def __init__(self, model: nn.Module, rank: int = 0, group=None):
         self.model_runner = ModelRunner(model)
         self.rank = rank
+        self.group = group
         self.device = next(model.parameters()).device
+
+    def _deltasync_group(self):
+        return (self.group, self.rank) if self.group is not None else (None, 0)
+
+
+def tp_groups(size: int) -> list:
+    """One gloo process group per rank of a `size`-rank group inside this process (ranks run on
+    threads, see on_all_ranks); [None] for one rank."""
+    if size == 1:
+        return [None]
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    groups = [None] * size
+
+    def make(rank: int) -> None:
+        groups[rank] = dist.ProcessGroupGloo(dist.PrefixStore("tp", store), rank, size, datetime.timedelta(seconds=60))
+
+    on_threads([lambda r=r: make(r) for r in range(size)])
+    return groups
+
+
+def on_threads(calls: list) -> list:
+    """Runs every call on its own thread, as vLLM runs each rank in its own process: collective
+    calls meet. Returns the results in order; re-raises the first exception."""
+    import threading
+
+    results, errors = [None] * len(calls), [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # noqa: BLE001  (handed to the caller)
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def on_all_ranks(workers: list, method: str, *args, **kwargs) -> list:
+    """worker.method(*args, **kwargs) on every rank at once (the collective_rpc of vLLM)."""
+    return on_threads([lambda w=w: getattr(w, method)(*args, **kwargs) for w in workers])
+
+
+def make_workers(worker_cls, config: "Config", tp_size: int, **model_kwargs) -> list:
+    """One worker per rank, each with its shard of a fresh stand-in model and its group."""
+    groups = tp_groups(tp_size)
+    return [worker_cls(StandinForCausalLM(config, TP(r, tp_size), **model_kwargs), rank=r, group=groups[r])
+            for r in range(tp_size)]
 
 
 def make_worker_class(extension_cls):

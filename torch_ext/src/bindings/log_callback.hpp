@@ -5,24 +5,15 @@
 #include <pybind11/pybind11.h>
 
 #include <functional>
-#include <memory>
 #include <string>
+
+#include "bindings/py_holder.hpp"
 
 namespace deltasync::torch_ext {
 
-// A Python object held by C++ callbacks, released with the GIL held: the callbacks may be
-// destroyed on any thread, or while the GIL is released (a binding's destructor releases it
-// to join threads).
-inline std::shared_ptr<pybind11::object> shared_py_object(pybind11::object o) {
-  return std::shared_ptr<pybind11::object>(new pybind11::object(std::move(o)), [](pybind11::object* p) {
-    pybind11::gil_scoped_acquire gil;
-    delete p;
-  });
-}
-
 inline std::function<void(const std::string&)> log_callback(pybind11::object log) {
   if (log.is_none()) return {};
-  auto holder = shared_py_object(std::move(log));
+  auto holder = hold_with_gil(std::move(log));
   return [holder](const std::string& line) {
     pybind11::gil_scoped_acquire gil;
     try {

@@ -9,6 +9,7 @@
 
 #include "bindings/log_callback.hpp"
 #include "bindings/module.hpp"
+#include "bindings/py_holder.hpp"
 #include "bindings/subscriber_binding.hpp"
 #include "bindings/tensor_set.hpp"
 #include "core/error.hpp"
@@ -44,7 +45,7 @@ class MappedSubscriber final : public SubscriberBinding {
  public:
   MappedSubscriber(const std::string& store, const std::vector<HfTuple>& hf, const std::vector<std::string>& param_names,
                    const std::vector<at::Tensor>& params, const std::vector<RunTuple>& runs, const std::vector<OwnedTuple>& owned,
-                   py::object combine, py::object load_full, py::object log)
+                   const std::vector<uint32_t>& unserved, py::object combine, py::object load_full, py::object log)
       : SubscriberBinding(store, std::move(log)), set_(tensor_set(param_names, params, "deltasync.vllm receiver")) {
     MappedModel model;
     for (const auto& [name, dtype, shape] : hf) {
@@ -59,6 +60,7 @@ class MappedSubscriber final : public SubscriberBinding {
                                       int64_list(rt_start, "rt_start")});
     for (const auto& [hf_i, start, length] : owned)
       model.owned.push_back(OwnedRanges{hf_i, int64_list(start, "owned start"), int64_list(length, "owned length")});
+    model.unserved = unserved;
     engine_ = engine_for(set_, {});
     receiver_ = std::make_unique<MappedReceiver>(std::move(model), *engine_, combiner(std::move(combine)), loader(std::move(load_full)));
   }
@@ -77,7 +79,7 @@ class MappedSubscriber final : public SubscriberBinding {
   // The all-reduce of the digest partials, in Python (torch.distributed over the TP group).
   static CombinePartials combiner(py::object fn) {
     if (fn.is_none()) return {};
-    auto holder = shared_py_object(std::move(fn));
+    auto holder = hold_with_gil(std::move(fn));
     return [holder](std::span<uint64_t> partials) {
       py::gil_scoped_acquire gil;
       py::list in;
@@ -96,7 +98,7 @@ class MappedSubscriber final : public SubscriberBinding {
   // The engine's loader for full weights: called with (name, tensor) pairs whose tensors view
   // the verified host bytes (valid during the call).
   static LoadFull loader(py::object fn) {
-    auto holder = shared_py_object(std::move(fn));
+    auto holder = hold_with_gil(std::move(fn));
     return [holder](std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes) {
       py::gil_scoped_acquire gil;
       py::list pairs;
@@ -120,10 +122,10 @@ class MappedSubscriber final : public SubscriberBinding {
 void bind_mapped_receiver(py::module_& m) {
   py::class_<MappedSubscriber, SubscriberBinding>(m, "MappedSubscriber")
       .def(py::init<const std::string&, const std::vector<HfTuple>&, const std::vector<std::string>&,
-                    const std::vector<at::Tensor>&, const std::vector<RunTuple>&, const std::vector<OwnedTuple>&, py::object,
-                    py::object, py::object>(),
+                    const std::vector<at::Tensor>&, const std::vector<RunTuple>&, const std::vector<OwnedTuple>&,
+                    const std::vector<uint32_t>&, py::object, py::object, py::object>(),
            py::arg("store"), py::arg("hf"), py::arg("param_names"), py::arg("params"), py::arg("runs"), py::arg("owned"),
-           py::arg("combine"), py::arg("load_full"), py::arg("log") = py::none())
+           py::arg("unserved"), py::arg("combine"), py::arg("load_full"), py::arg("log") = py::none())
       .def_property_readonly("map_runs", &MappedSubscriber::map_runs);
   m.def(
       "published_tensors",

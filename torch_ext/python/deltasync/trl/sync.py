@@ -117,7 +117,7 @@ class DeltaSync:
 
     @staticmethod
     def _fill_upload(report: SyncReport, stats: PublishStats) -> None:
-        if stats.done.is_set():
+        if stats.visible:
             report.upload_seconds = stats.upload_seconds
             report.delta_bytes = stats.delta_bytes + stats.anchor_bytes
 

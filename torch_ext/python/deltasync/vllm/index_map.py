@@ -1,19 +1,23 @@
 """How a Hugging Face parameter's flat indices land in a vLLM worker's runtime parameters.
 
-vLLM fuses q/k/v and gate/up projections, shards tensors for tensor parallelism (along the
-output or the input dimension), pads vocabularies and ties embeddings; its loaders know all
-that. We ask them once: every runtime parameter is filled with a sentinel (-1), then each HF
-tensor is loaded through the model's own `load_weights` as a probe whose elements are digits of
-their own flat index (small integers, exact in any float dtype, 1..B-1, so that 0 -- which
-loaders use to fill padding -- is told apart). Reading back which runtime elements now hold
-which digits, pass after pass, gives for each runtime element the HF index it came from.
-The result is compressed into runs of positions contiguous on both sides, so a TP shard of a
-row-sharded matrix is one run and a column-sharded one is one run per row -- never one entry
-per element.
+vLLM fuses q/k/v and gate/up projections (and MoE experts into w13/w2), shards tensors for
+tensor parallelism (along the output or the input dimension), pads vocabularies and ties
+embeddings; its loaders know all that. We ask them once, without touching the live weights:
 
-Applying a delta: for each changed HF index, a binary search over the runs of each target gives
-the runtime position; the positions of all targets then go into one deltasync apply (one
-scatter). O(changed · log runs).
+1. every floating runtime tensor (parameters and buffers) has its `.data` swapped for an
+   integer *twin* of the same shape, on the host, filled with UNTOUCHED (-2);
+2. every HF tensor is handed to the model's own `load_weights` as a probe holding, per element,
+   its global position + 2 (tensors laid end to end with a gap of one between them, so no run
+   crosses from one tensor into the next) -- exact in int32 (int64 past 2^31 elements). What a
+   loader fills with 0 (vocabulary padding) reads back as 0;
+3. one read of every twin finds the runs where consecutive runtime elements hold consecutive
+   probe values; each run is one (HF tensor, HF start, length, runtime start) entry, and each
+   stretch of loader-written zeros is kept too (an anchor load writes them, as a fresh load does);
+4. whatever happens, every `.data` is put back: the live weights are never written.
+
+One load pass and one read pass: O(elements). The runs are few -- a row-sharded (or whole)
+tensor is one run, a column-sharded one is one run per row -- and a run table whose runs are
+evenly spaced on both sides is also kept as two strides (plain arithmetic to map).
 """
 from __future__ import annotations
 
@@ -22,22 +26,17 @@ from dataclasses import dataclass
 
 import torch
 
-SENTINEL = -1.0
-
-# Largest B such that the integers -1 .. B-1 are exact in the dtype.
-_EXACT_INTEGERS = {
-    torch.bfloat16: 257, torch.float16: 2049, torch.float32: 2**24 + 1,
-    torch.float8_e4m3fn: 17, torch.float8_e5m2: 9,
-}
+CHUNK = 1 << 20  # twin elements read per step when finding runs (keeps temporaries in cache)
+UNTOUCHED = -2   # twin fill: no loader wrote here (steps to 0 or to a probe value >= 2 are never 0 or +1)
 
 
-def digit_base(dtypes) -> int:
-    return min(_EXACT_INTEGERS.get(d, 0) for d in dtypes)
+class LearnError(RuntimeError):
+    """vLLM's loaders do not place the checkpoint's elements by plain copies."""
 
 
 @dataclass
 class TargetRuns:
-    """Runs of one HF tensor inside one runtime parameter, sorted by hf_start (non-overlapping).
+    """Runs of one HF tensor inside one runtime tensor, sorted by hf_start (non-overlapping).
 
     Runs that are evenly spaced on both sides with one length -- a column-sharded matrix: one
     run per row -- are also kept as (hf_stride, rt_stride), which turns a lookup into plain
@@ -81,15 +80,34 @@ class TargetRuns:
         positions = self.rt_start[rc] + (hf_indices - self.hf_start[rc])
         return held, positions[held]
 
+    def copy_into(self, target: torch.Tensor, source: torch.Tensor) -> None:
+        """target (runtime, flat view) <- the elements of source (the HF tensor) it holds."""
+        flat_t, flat_s = target.reshape(-1), source.reshape(-1)
+        if self.hf_stride is not None:
+            rows, length = self.hf_start.numel(), int(self.length[0])
+            dst = flat_t.as_strided((rows, length), (self.rt_stride, 1), int(self.rt_start[0]))
+            src = flat_s.as_strided((rows, length), (self.hf_stride, 1), int(self.hf_start[0]))
+            dst.copy_(src)
+            return
+        for h, n, r in zip(self.hf_start.tolist(), self.length.tolist(), self.rt_start.tolist()):
+            flat_t[r:r + n].copy_(flat_s[h:h + n])
+
 
 @dataclass
 class IndexMap:
-    """Everything one worker knows about where HF tensors live in its runtime parameters."""
+    """Everything one worker knows about where HF tensors live in its runtime tensors."""
 
     param_names: list[str]
     params: list[torch.Tensor]
     hf_tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]
     targets: dict[str, list[TargetRuns]]  # HF name -> where its elements go (may be empty: not on this rank)
+    zero_fills: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # runtime tensor -> (starts, lengths) loaders zero
+
+    def write_zero_fills(self) -> None:
+        for k, (starts, lengths) in (self.zero_fills or {}).items():
+            flat = self.params[k].reshape(-1)
+            for s, n in zip(starts.tolist(), lengths.tolist()):
+                flat[s:s + n].zero_()
 
     def runs(self) -> int:
         return sum(t.hf_start.numel() for ts in self.targets.values() for t in ts)
@@ -102,135 +120,126 @@ class IndexMap:
         return f"{len(self.targets)} HF tensors -> {len(self.params)} runtime params, {mapped} elements in {self.runs()} runs"
 
 
-def _runs(hf: torch.Tensor, rt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    order = torch.argsort(hf)
-    hf, rt = hf[order], rt[order]
-    if hf.numel() > 1 and bool((hf[1:] == hf[:-1]).any()):
-        raise ValueError("an HF element lands twice in one runtime parameter")
-    breaks = torch.ones(hf.numel(), dtype=torch.bool, device=hf.device)
-    if hf.numel() > 1:
-        breaks[1:] = (hf[1:] != hf[:-1] + 1) | (rt[1:] != rt[:-1] + 1)
-    starts = breaks.nonzero().reshape(-1)
-    ends = torch.cat([starts[1:], torch.tensor([hf.numel()], device=hf.device)])
-    return hf[starts], ends - starts, rt[starts]
+def floating_tensors(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str, torch.Tensor]]:
+    """(full name, owning module, attribute, tensor) of every floating parameter and buffer, each
+    storage once (tied weights are one parameter in vLLM)."""
+    out, seen = [], set()
+    for prefix, module in model.named_modules():
+        for kind in (module._parameters, module._buffers):
+            for attr, t in kind.items():
+                if t is None or not t.dtype.is_floating_point or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                out.append((f"{prefix}.{attr}" if prefix else attr, module, attr, t))
+    return out
+
+
+def _probe_bases(hf_tensors) -> tuple[dict[str, int], int]:
+    bases, next_base = {}, 2
+    for name, (_, shape) in hf_tensors.items():
+        bases[name] = next_base
+        next_base += math.prod(shape) + 1
+    return bases, next_base
+
+
+def _segments(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start, end) of the maximal segments of `flat` whose steps are +1 or 0 (a run of probe
+    values, or a stretch of zeros or of UNTOUCHED). One read of `flat`, in cache-sized chunks."""
+    n = flat.numel()
+    cuts = [torch.zeros(1, dtype=torch.int64)]
+    if n > 1:
+        step = torch.empty(min(CHUNK, n - 1), dtype=flat.dtype)
+        not_one = torch.empty(step.numel(), dtype=torch.bool)
+        not_zero = torch.empty(step.numel(), dtype=torch.bool)
+        for s in range(1, n, CHUNK):
+            e = min(s + CHUNK, n)
+            k = e - s
+            d = torch.sub(flat[s:e], flat[s - 1:e - 1], out=step[:k])
+            torch.ne(d, 1, out=not_one[:k])
+            torch.ne(d, 0, out=not_zero[:k])
+            not_one[:k].logical_and_(not_zero[:k])
+            cuts.append(not_one[:k].nonzero().reshape(-1) + s)
+    starts = torch.cat(cuts)
+    ends = torch.cat([starts[1:], torch.tensor([n], dtype=torch.int64)])
+    return starts, ends
 
 
 @torch.no_grad()
 def learn_index_maps(model: torch.nn.Module, hf_tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]],
                      load_weights=None) -> IndexMap:
-    """Probes `model` through its own load_weights (or the given callable). Destroys the
-    model's weights: load real ones afterwards (an anchor)."""
+    """Learns the maps through `model.load_weights` (or the given callable) on twins of the
+    runtime tensors; the live weights are not written, whatever happens."""
     load = load_weights or model.load_weights
-    named = [(n, p) for n, p in model.named_parameters() if p.dtype.is_floating_point]
-    names = [n for n, _ in named]
-    params = [p.data for _, p in named]
-    device = params[0].device
-    base = digit_base({p.dtype for p in params} | {d for d, _ in hf_tensors.values()}) - 1  # digits 1..base
-    if base < 2:
-        raise ValueError("deltasync.vllm: parameter dtypes cannot hold probe digits")
-    for p in params:
-        p.fill_(SENTINEL)
-    targets: dict[str, list[TargetRuns]] = {}
-    for hf_name, (dtype, shape) in hf_tensors.items():
-        numel = math.prod(shape)
-        positions = torch.arange(numel, device=device, dtype=torch.int64)
-        passes = max(1, math.ceil(math.log(max(numel, 2)) / math.log(base)))
-        touched: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (param, runtime positions, hf index)
-        scale = 1
-        for j in range(passes):
-            digit = (positions // scale) % base + 1
-            load([(hf_name, digit.to(dtype).reshape(shape))])
-            if j == 0:
-                for k, p in enumerate(params):
-                    flat = p.reshape(-1)
-                    written = (flat != SENTINEL).nonzero().reshape(-1)
-                    if written.numel():
-                        touched.append((k, written, torch.zeros_like(written)))
-            for t, (k, written, index) in enumerate(touched):
-                flat = params[k].reshape(-1)
-                values = flat.index_select(0, written).to(torch.float32)
-                if j == 0:
-                    # Elements a loader sets to a constant (padding rows filled with 0) are not copies.
-                    copied = (values >= 1) & (values <= base)
-                    written, values, index = written[copied], values[copied], index[copied]
-                    touched[t] = (k, written, index)
-                elif bool(((values < 1) | (values > base)).any()):
-                    raise ValueError(f"deltasync.vllm: the loader of {hf_name} does not copy values (probe changed)")
-                index += (values.to(torch.int64) - 1) * scale
-            # Reset what the probe wrote (constant fills included) for the next pass / tensor.
-            for k, _, _ in touched:
-                params[k].fill_(SENTINEL)
-            scale *= base
-        runs = []
-        for k, written, index in touched:
-            if written.numel() == 0:
-                continue
-            if bool(((index < 0) | (index >= numel)).any()):
-                raise ValueError(f"deltasync.vllm: probe of {hf_name} decoded to out-of-range indices")
-            hf_start, length, rt_start = _runs(index, written)
-            runs.append(TargetRuns.build(k, hf_start, length, rt_start))
-        targets[hf_name] = runs
-    return IndexMap(names, params, dict(hf_tensors), targets)
+    tensors = floating_tensors(model)
+    bases, end = _probe_bases(hf_tensors)
+    probe_dtype = torch.int32 if end < 2**31 else torch.int64
+    # An integer .data is refused on a tensor that requires grad; vLLM's never need it.
+    originals = [(t, t.data, t.requires_grad) for _, _, _, t in tensors]
+    twins = [torch.full(t.shape, UNTOUCHED, dtype=probe_dtype) for _, _, _, t in tensors]
+    try:
+        for (t, _, _), twin in zip(originals, twins):
+            t.requires_grad_(False)
+            t.data = twin
+
+        def probes():
+            for name, (_, shape) in hf_tensors.items():
+                base = bases[name]
+                yield name, torch.arange(base, base + math.prod(shape), dtype=probe_dtype).reshape(shape)
+
+        load(probes())
+        loaded = []
+        for (name, module, attr, t), twin in zip(tensors, twins):
+            now = getattr(module, attr, None)
+            if now is not t or t.data.data_ptr() != twin.data_ptr():
+                raise LearnError(f"deltasync.vllm: vLLM's loader replaced runtime tensor {name} instead of "
+                                 "copying into it; its weights cannot be updated in place")
+            loaded.append(twin)
+    finally:
+        for t, data, requires_grad in originals:
+            t.data = data
+            t.requires_grad_(requires_grad)
+    return _decode(tensors, loaded, hf_tensors, bases)
 
 
-@dataclass
-class _Layer:
-    hf_start: torch.Tensor  # int64 [R], global HF positions, ascending, non-overlapping
-    length: torch.Tensor
-    rt_start: torch.Tensor  # int64 [R], global runtime positions
-
-
-class GlobalMap:
-    """All runs of all HF tensors in one table, so a whole delta maps with a handful of kernels
-    whatever the number of tensors: HF positions are offset by a per-tensor base (tensors laid
-    end to end), runtime positions by a per-parameter base. An HF tensor that lands in several
-    runtime parameters contributes one run table per extra target ("layers")."""
-
-    def __init__(self, imap: IndexMap, device):
-        self.imap = imap
-        self.hf_base: dict[str, int] = {}
-        base = 0
-        for name, (_, shape) in imap.hf_tensors.items():
-            self.hf_base[name] = base
-            base += math.prod(shape)
-        param_numel = [p.numel() for p in imap.params]
-        self.param_base = torch.tensor([0] + param_numel, dtype=torch.int64).cumsum(0)
-        per_layer: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
-        for name, targets in imap.targets.items():
-            for depth, t in enumerate(targets):
-                if depth == len(per_layer):
-                    per_layer.append([])
-                per_layer[depth].append((t.hf_start + self.hf_base[name], t.length,
-                                         t.rt_start + int(self.param_base[t.param_index])))
-        self.layers = []
-        for runs in per_layer:
-            hf = torch.cat([r[0] for r in runs])
-            order = torch.argsort(hf)
-            self.layers.append(_Layer(hf[order].to(device), torch.cat([r[1] for r in runs])[order].to(device),
-                                      torch.cat([r[2] for r in runs])[order].to(device)))
-        self.param_base = self.param_base.to(device)
-
-    def map(self, global_hf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(source row of each runtime write, global runtime position), all layers."""
-        rows, positions = [], []
-        for layer in self.layers:
-            r = torch.searchsorted(layer.hf_start, global_hf, right=True) - 1
-            rc = r.clamp(min=0)
-            offset = global_hf - layer.hf_start[rc]
-            held = (r >= 0) & (offset < layer.length[rc])
-            rows.append(held.nonzero().reshape(-1))
-            positions.append((layer.rt_start[rc] + offset)[held])
-        if len(self.layers) == 1:
-            return rows[0], positions[0]
-        return torch.cat(rows), torch.cat(positions)
-
-    def split(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Global runtime positions -> (order that groups them by parameter, ascending; local
-        positions in that order; count per parameter)."""
-        order = None
-        if positions.numel() > 1 and not bool((positions[1:] > positions[:-1]).all()):
-            positions, order = torch.sort(positions)
-        param = torch.searchsorted(self.param_base, positions, right=True) - 1
-        local = positions - self.param_base[param]
-        counts = torch.bincount(param, minlength=len(self.imap.params))
-        return order, local, counts
+def _decode(tensors, loaded, hf_tensors, bases) -> IndexMap:
+    names = list(hf_tensors)
+    base_table = torch.tensor([bases[n] for n in names], dtype=torch.int64)
+    numels = torch.tensor([math.prod(hf_tensors[n][1]) for n in names], dtype=torch.int64)
+    per_name: dict[str, list[TargetRuns]] = {n: [] for n in names}
+    zero_fills: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for k, ((rt_name, _, _, _), twin) in enumerate(zip(tensors, loaded)):
+        flat = twin.reshape(-1)
+        if flat.numel() == 0:
+            continue
+        starts, ends = _segments(flat)
+        first = flat.index_select(0, starts).to(torch.int64)
+        last = flat.index_select(0, ends - 1).to(torch.int64)
+        lengths = ends - starts
+        zeros = first == 0
+        if bool(zeros.any()):
+            zero_fills[k] = (starts[zeros], lengths[zeros])
+        mapped = first >= 2
+        starts, lengths, first, last = starts[mapped], lengths[mapped], first[mapped], last[mapped]
+        if starts.numel() == 0:
+            continue
+        if bool((last != first + lengths - 1).any()):
+            raise LearnError(f"deltasync.vllm: runtime tensor {rt_name}: vLLM's loader writes one checkpoint element "
+                             "to several places or computes values; its weights cannot be updated in place")
+        which = torch.searchsorted(base_table, first, right=True) - 1
+        local = first - base_table[which]
+        if bool((which < 0).any()) or bool((local + lengths > numels[which]).any()):
+            raise LearnError(f"deltasync.vllm: runtime tensor {rt_name}: vLLM's loader computes values "
+                             "(they decode to no checkpoint element); its weights cannot be updated in place")
+        order = torch.argsort(which * (int(numels.max()) + 1) + local)
+        which, local, lengths, starts = which[order], local[order], lengths[order], starts[order]
+        groups = torch.unique_consecutive(which, return_counts=True)
+        offset = 0
+        for t_index, count in zip(groups[0].tolist(), groups[1].tolist()):
+            hf_start, length, rt_start = (x[offset:offset + count] for x in (local, lengths, starts))
+            offset += count
+            if count > 1 and bool((hf_start[1:] < hf_start[:-1] + length[:-1]).any()):
+                raise LearnError(f"deltasync.vllm: runtime tensor {rt_name} holds elements of {names[t_index]} "
+                                 "twice; its weights cannot be updated in place")
+            per_name[names[t_index]].append(TargetRuns.build(k, hf_start.clone(), length.clone(), rt_start.clone()))
+    return IndexMap([n for n, _, _, _ in tensors], [t.data for _, _, _, t in tensors], dict(hf_tensors), per_name,
+                    zero_fills)

@@ -113,8 +113,12 @@ def mapped_subscriber(store: str, imap: IndexMap, load_weights, group=None, rank
     runs = [(index[n], t.param_index, t.hf_start.cpu(), t.length.cpu(), t.rt_start.cpu())
             for n, targets in imap.targets.items() for t in targets]
     held = held_ranges(imap)
-    owned = owned_ranges(held, rank, exchange_held(held, group))
+    all_held = exchange_held(held, group)
+    owned = owned_ranges(held, rank, all_held)
     owned_list = [(index[n], torch.tensor([s for s, _ in r], dtype=torch.int64), torch.tensor([k for _, k in r], dtype=torch.int64))
                   for n, r in owned.items() if r]
-    return native().MappedSubscriber(store, hf, imap.param_names, imap.params, runs, owned_list, digest_combiner(group),
-                                     lambda pairs: load_weights(list(pairs)), log)
+    # Tensors no rank holds (vLLM's loader skips a tied lm_head): verified against the store's
+    # promises only, see MappedModel::unserved.
+    unserved = [index[n] for n in names if not any(h.get(n) for h in (all_held or [held]))]
+    return native().MappedSubscriber(store, hf, imap.param_names, imap.params, runs, owned_list, unserved,
+                                     digest_combiner(group), lambda pairs: load_weights(list(pairs)), log)
