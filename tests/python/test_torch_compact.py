@@ -158,12 +158,11 @@ def test_vllm_workers_apply_compact_deltas_bit_identically(tmp_path, tp_size):
     trainer = vs.HFModel(config, seed=0)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=2e-5)
     store = f"file://{tmp_path / 'bucket'}"
-    workers = [Worker(vs.StandinForCausalLM(config, vs.TP(r, tp_size)), rank=r) for r in range(tp_size)]
+    workers = vs.make_workers(Worker, config, tp_size)  # each rank with its shard and its TP group
     with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, format="compact", anchor_share=NO_SIZE_ANCHORS) as pub:
         pub.publish(0)
         pub.flush()
-        for w in workers:
-            w.deltasync_init(store)
+        vs.on_all_ranks(workers, "deltasync_init", store)
         for step in (1, 2):
             g = torch.Generator().manual_seed(step)
             loss = sum((p.float() * torch.randn(p.shape, generator=g)).sum() for p in trainer.parameters())
@@ -173,8 +172,7 @@ def test_vllm_workers_apply_compact_deltas_bit_identically(tmp_path, tp_size):
             pub.publish(step)
             pub.flush()
             state = {n: p.detach().clone() for n, p in trainer.named_parameters()}
-            for r, w in enumerate(workers):
-                report = w.deltasync_update()
+            for r, (w, report) in enumerate(zip(workers, vs.on_all_ranks(workers, "deltasync_update"))):
                 assert report["deltas"] == [step] and report["applied_elements"] > 0
                 expected = vs.reference_runtime_params(config, vs.TP(r, tp_size), state)
                 for name, p in w.model_runner.model.named_parameters():
@@ -182,27 +180,9 @@ def test_vllm_workers_apply_compact_deltas_bit_identically(tmp_path, tp_size):
     assert sorted(p.name[:20] for p in (tmp_path / "bucket" / "deltas").iterdir()) == [f"{v:020d}" for v in (1, 2)]
 
 
-def test_vllm_worker_in_another_dtype_rebases_compact_values(tmp_path):
-    Worker = vs.make_worker_class(DeltaWorkerExtension)
-    config = vs.Config()
-    trainer = vs.HFModel(config)
-    store = f"file://{tmp_path / 'bucket'}"
-    tp = vs.TP(0, 2)
-    worker = Worker(vs.StandinForCausalLM(config, tp, dtype=torch.float32), rank=0)
-    with deltasync.DeltaPublisher(trainer, store=store, format="compact") as pub:
-        pub.publish(0)
-        pub.flush()
-        worker.deltasync_init(store)
-        with torch.no_grad():
-            for p in trainer.parameters():
-                p.view(-1).view(torch.int16)[::5] -= 1
-        pub.publish(1)
-        pub.flush()
-        assert worker.deltasync_update()["applied_elements"] > 0
-    state = {n: p.detach().clone() for n, p in trainer.named_parameters()}
-    expected = vs.reference_runtime_params(config, tp, state, dtype=torch.float32)
-    for name, p in worker.model_runner.model.named_parameters():
-        assert torch.equal(p.detach().view(torch.int32), expected[name].view(torch.int32)), name
+# A vLLM worker serving another dtype than the published one is refused before anything is
+# written (deltas carry published bits): test_vllm_extension.py::
+# test_runtime_dtype_other_than_the_checkpoints_is_refused_before_anything_is_written.
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and deltasync.has_cuda_ops()),
