@@ -284,8 +284,8 @@ def test_failed_upload_is_reported_then_retried_and_the_chain_goes_on(http_store
         http_store.proxy.add("status", times=10**6, method="PUT", path_contains=f"/deltas/{1:020d}-",
                              status=507, code="InsufficientStorage")
         train_step(trainer, optimizer, 1)
-        pub.publish(1)
         with pytest.raises(StoreUnavailableError, match=rf"/deltas/{1:020d}-[0-9a-f]+\.safetensors: PUT failed .*HTTP 507"):
+            pub.publish(1)  # staged either way; reports the failure if the upload failed already
             pub.flush()
         assert [(s.version, s.visible) for s in pub.stats] == [(0, True), (1, False)]
         assert pub.state()["last_version"] == 0
@@ -481,9 +481,9 @@ def test_a_version_is_created_once_and_nothing_is_left_half_written(store, tmp_p
     files_before = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
     first = manifest(store, 0)
     other = deltasync.DeltaPublisher(make_model(7), store=store)
-    other.publish(0)
     refused = rf"manifests/{0:020d}\.json: version 0 already exists"
-    with pytest.raises(DeltaSyncError, match=refused):
+    with pytest.raises(DeltaSyncError, match=refused):  # by publish() when the upload failed already, else flush()
+        other.publish(0)
         other.flush()
     with pytest.raises(DeltaSyncError, match=refused):  # tried again on close, refused again
         other.close()
@@ -538,8 +538,8 @@ def test_publisher_and_subscriber_over_s3(s3_store):
     # version 4 is refused and the manifest stays the first one's.
     first = s3.get_object(Bucket="torch-test", Key=f"run1/manifests/{4:020d}.json")["Body"].read()
     other = deltasync.DeltaPublisher(make_model(7), store=s3_store)
-    other.publish(4)
-    with pytest.raises(DeltaSyncError, match="version 4 already exists"):
+    with pytest.raises(DeltaSyncError, match="version 4 already exists"):  # by publish() or flush()
+        other.publish(4)
         other.flush()
     with pytest.raises(DeltaSyncError, match="version 4 already exists"):
         other.close()
