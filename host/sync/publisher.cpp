@@ -157,7 +157,8 @@ Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tenso
   }
   if (format_ == DeltaFormat::Compact && engine_->shadow_kind() == engine::ShadowKind::kLowByte)
     throw Error("publisher: format 'compact' codes values relative to the base bits, which the low-memory shadow does "
-                "not keep; use format 'trl' with the low-memory shadow");
+                "not keep; use format 'trl' with the low-memory shadow",
+                ErrorKind::kInvalidArgument);
   options_.max_pending = std::max<size_t>(options_.max_pending, 1);
   for (const auto& t : tensors_) model_bytes_ += t.numel() * t.width();
   worker_ = std::thread([this] { worker_loop(); });
