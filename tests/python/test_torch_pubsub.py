@@ -587,3 +587,30 @@ def test_python_subscriber_reads_what_the_cli_published(store, tmp_path, run_cli
         assert bits_equal(trainer, follower)
     assert manifest(store, 2)["delta_format"] == fmt
     assert sub.last_report.deltas == [2]
+
+
+def test_an_anchor_still_uploading_keeps_its_own_bits_when_training_moves_on(http_store):
+    """Anchors stream from the publisher's shadow. When the next publish comes while the anchor's
+    PUT still waits, the shadow is copied out first: the anchor must hold version 0's bits, not
+    version 1's, although its upload finishes after version 1 was encoded."""
+    trainer, follower = make_model(0), make_model(1)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=3e-4)
+    lines = []
+    # One tensor per part, one part at a time: when the first part's PUT waits, the other parts
+    # have not been read from the shadow yet.
+    with deltasync.DeltaPublisher(trainer, store=http_store.url, anchor_every=100, anchor_share=NO_SIZE_ANCHORS,
+                                  anchor_part_bytes=1, parallel_uploads=1, log=lines.append) as pub, \
+            stalled_puts(http_store) as (gate, stalled):
+        pub.publish(0)
+        assert stalled.hit.wait(30)  # the anchor's first part waits; the rest is still in the shadow
+        version0 = copy.deepcopy(trainer)
+        train_step(trainer, optimizer, 1)
+        pub.publish(1)
+        assert any("still uploading" in line for line in lines), lines
+        gate.set()
+        pub.flush()
+    sub = deltasync.DeltaSubscriber(follower, store=http_store.url)
+    assert sub.update(0) == 0 and sub.last_report.anchor == 0
+    assert bits_equal(version0, follower)
+    assert sub.update() == 1 and sub.last_report.deltas == [1]
+    assert bits_equal(trainer, follower)
