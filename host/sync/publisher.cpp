@@ -360,10 +360,23 @@ void Publisher::enqueue(std::unique_ptr<Job> job) {
       changed_.notify_all();
       changed_.wait(lock, [&] { return queue_.size() < options_.max_pending || (paused_ && failure_) || stopping_; });
     }
-    if (queue_.size() >= options_.max_pending && can_fold(*queue_.back())) {
+    bool fold = queue_.size() >= options_.max_pending && can_fold(*queue_.back());
+    SparseDelta merged_changes;
+    if (fold && queue_.back()->has_delta && job->has_delta && mergeable(queue_.back()->staged) && mergeable(job->staged)) {
+      // The shadow has already moved on to this version: dropping it on a failed merge (out of
+      // memory) would break the chain for good, so it is then queued unmerged instead.
+      try {
+        merged_changes = merge_deltas(queue_.back()->staged.changes.view(), job->staged.changes.view(), tensors_);
+      } catch (const std::exception& e) {
+        fold = false;
+        merged_note = "could not merge version " + std::to_string(job->version) + " into a pending upload (" + e.what() +
+                      "); queued on its own";
+      }
+    }
+    if (fold) {
       Job& back = *queue_.back();
       if (back.has_delta && job->has_delta && mergeable(back.staged) && mergeable(job->staged)) {
-        back.staged.changes = merge_deltas(back.staged.changes.view(), job->staged.changes.view(), tensors_);
+        back.staged.changes = std::move(merged_changes);
         for (size_t t = 0; t < tensors_.size(); ++t)
           back.staged.counts[t] = back.staged.changes.offsets[t + 1] - back.staged.changes.offsets[t];
         back.full_digests = std::move(job->full_digests);
