@@ -80,9 +80,14 @@ def main() -> None:
         pub = deltasync.DeltaPublisher(trainer, store=store, anchor_every=1000, **(
             {"anchor_share": 1e9} if "anchor_share" in deltasync.DeltaPublisher.__init__.__code__.co_varnames else {}))
         sub = deltasync.DeltaSubscriber(follower, store=store)
+        t0 = time.perf_counter()
         pub.publish(0)
+        anchor_staged = time.perf_counter() - t0
         pub.flush()
+        anchor_visible = time.perf_counter() - t0
+        t1 = time.perf_counter()
         sub.update()
+        anchor_subscribe = time.perf_counter() - t1
         for s in range(1, args.steps + 1):
             changed = step(trainer, args.share, s)
             t0 = time.perf_counter()
@@ -106,6 +111,8 @@ def main() -> None:
         pub.close()
 
     print(f"package {Path(deltasync.__file__).parent}, {elements / 1e6:.1f}M bf16 elements, {args.share:.1%} changed per step")
+    print(f"anchor (version 0): publish {anchor_staged * 1e3:.1f} ms, visible {anchor_visible * 1e3:.1f} ms, "
+          f"subscribe {anchor_subscribe * 1e3:.1f} ms")
     cols = ["step", "changed", "delta_bytes", "publish_ms", "visible_ms", "subscribe_ms", "pause_ms",
             "pub_syncs", "sub_syncs", "bit_identical"]
     print(" ".join(f"{c:>13}" for c in cols))
@@ -115,7 +122,9 @@ def main() -> None:
     print("median: " + ", ".join(f"{k} {v:.1f}" for k, v in med.items()))
     if args.out:
         args.out.write_text(json.dumps(dict(package=str(Path(deltasync.__file__).parent), elements=elements,
-                                            share=args.share, rows=rows, median=med), indent=1))
+                                            share=args.share, rows=rows, median=med,
+                                            anchor_ms=dict(publish=anchor_staged * 1e3, visible=anchor_visible * 1e3,
+                                                           subscribe=anchor_subscribe * 1e3)), indent=1))
 
 
 if __name__ == "__main__":
