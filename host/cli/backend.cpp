@@ -1,7 +1,8 @@
 #include "backend.hpp"
 
-#include "engine/cpu_engine.hpp"
 #include "core/error.hpp"
+#include "engine/cpu_engine.hpp"
+#include "engine/select.hpp"
 #ifdef DELTASYNC_WITH_CUDA
 #include "deltasync/cuda/engine.hpp"
 #endif
@@ -11,8 +12,9 @@ namespace deltasync::cli {
 Backend choose_backend(const ParsedArgs& args) {
   if (args.has("--cpu") && args.has("--gpu")) throw Error("--cpu and --gpu are exclusive");
   if (args.has("--cpu")) return Backend::Cpu;
+  // What this build and machine offer is engine/select's to say (one place for the whole tree).
+  if (engine::cuda_available()) return Backend::Cuda;
 #ifdef DELTASYNC_WITH_CUDA
-  if (cuda::device_available()) return Backend::Cuda;
   if (args.has("--gpu")) throw Error("--gpu: no CUDA device is available");
 #else
   if (args.has("--gpu")) throw Error("--gpu: this build of deltasync has no CUDA backend");

@@ -43,6 +43,11 @@ uint64_t CpuSyncEngine::shadow_bytes() const {
   return n;
 }
 
+ConstTensorRef CpuSyncEngine::shadow_tensor(size_t t) const {
+  if (!has_shadow_ || kind_ != ShadowKind::kFull || t >= shadow_.size()) throw Error("shadow_tensor: no full shadow of tensor " + std::to_string(t));
+  return ConstTensorRef{"shadow", shadow_[t].data(), numel_[t], width_[t]};
+}
+
 void CpuSyncEngine::encode(std::span<const ConstTensorRef> current, const EncodeRequest&, StagedDelta& out) {
   if (!has_shadow_) throw Error("encode: no shadow (reset_shadow first)");
   check_matches_shadow(current, numel_, width_);

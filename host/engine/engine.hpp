@@ -115,6 +115,9 @@ class SyncEngine {
   virtual ShadowKind shadow_kind() const = 0;
   // Memory the shadow takes (bytes, in the engine's memory).
   virtual uint64_t shadow_bytes() const = 0;
+  // Tensor t of a full shadow, in the engine's memory (for read()): the bits of the last
+  // version encoded, which anchors stream from. Throws for a low-byte shadow or no shadow.
+  virtual ConstTensorRef shadow_tensor(size_t t) const = 0;
 
   // Diffs current against the shadow bitwise, brings the shadow up to date and stages the
   // change set into `out` (host memory, valid when this returns). Throws Error naming the

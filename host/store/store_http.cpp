@@ -108,7 +108,7 @@ class HttpStore final : public Store {
     try {
       return http::perform_with_retries(std::move(req), options_, describe(key));
     } catch (const Error& e) {  // the last transient answer's body is part of the message
-      throw Error(scrub(e.what()));
+      throw Error(scrub(e.what()), e.kind());  // same kind (e.g. store unavailable)
     }
   }
 

@@ -106,13 +106,23 @@ SparseDelta merge_deltas(const DeltaView& older, const DeltaView& newer, std::sp
   return out;
 }
 
+// Where an anchor's bits are read from when its parts are uploaded: the engine's full shadow
+// (which holds exactly this version's bits until the next encode moves it on) or a host copy.
+// Streaming from the shadow needs no model-sized host copy; the next publish() copies what is
+// still needed only if the upload has not finished by then (detach_anchor_from_shadow).
+struct Publisher::AnchorSource {
+  std::mutex mutex;            // from_shadow and snapshot, between the two threads
+  bool from_shadow = false;
+  std::vector<std::vector<uint8_t>> snapshot;  // per tensor, when !from_shadow (then immutable)
+};
+
 struct Publisher::Job {
   uint64_t version = 0;
   std::optional<uint64_t> base_version;
   bool has_delta = false;
   engine::StagedDelta staged;
   bool anchor = false;
-  std::vector<std::vector<uint8_t>> snapshot;  // full weights when anchor (host memory)
+  std::shared_ptr<AnchorSource> source;       // when anchor: where its full weights are read
   std::vector<uint64_t> full_digests;          // low-memory shadow: the weights' digests at publish time
   uint64_t merged = 1;
   Clock::time_point published_at;
@@ -147,7 +157,8 @@ Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tenso
   }
   if (format_ == DeltaFormat::Compact && engine_->shadow_kind() == engine::ShadowKind::kLowByte)
     throw Error("publisher: format 'compact' codes values relative to the base bits, which the low-memory shadow does "
-                "not keep; use format 'trl' with the low-memory shadow");
+                "not keep; use format 'trl' with the low-memory shadow",
+                ErrorKind::kInvalidArgument);
   options_.max_pending = std::max<size_t>(options_.max_pending, 1);
   for (const auto& t : tensors_) model_bytes_ += t.numel() * t.width();
   worker_ = std::thread([this] { worker_loop(); });
@@ -197,13 +208,43 @@ bool Publisher::anchor_due(uint64_t version) const {
 
 void Publisher::stage_anchor(Job& job, std::span<const ConstTensorRef> current) {
   job.anchor = true;
-  job.snapshot.resize(tensors_.size());
-  for (size_t t = 0; t < tensors_.size(); ++t) {
-    job.snapshot[t].resize(tensors_[t].numel() * tensors_[t].width());
-    engine_->read(current[t], 0, job.snapshot[t]);
-    if (engine_->device() != engine::Device::kCpu) job.transfer.device_to_host_bytes += job.snapshot[t].size();
+  auto source = std::make_shared<AnchorSource>();
+  if (engine_->shadow_kind() == engine::ShadowKind::kFull) {
+    // The shadow was just brought to `current`'s bits (reset or encode): stream from it.
+    source->from_shadow = true;
+    shadow_source_ = source;
+  } else {
+    // A low-byte shadow lacks the high bytes: the anchor takes a host copy now.
+    source->snapshot.resize(tensors_.size());
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      source->snapshot[t].resize(tensors_[t].numel() * tensors_[t].width());
+      engine_->read(current[t], 0, source->snapshot[t]);  // counted with the upload's reads
+    }
   }
+  job.source = std::move(source);
   staged_anchor_version_ = job.version;
+}
+
+void Publisher::detach_anchor_from_shadow() {
+  std::shared_ptr<AnchorSource> source = shadow_source_.lock();
+  shadow_source_.reset();
+  if (!source) return;  // uploaded already (or merged away)
+  std::lock_guard<std::mutex> lock(source->mutex);
+  if (!source->from_shadow) return;
+  std::vector<std::vector<uint8_t>> copy(tensors_.size());
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    copy[t].resize(tensors_[t].numel() * tensors_[t].width());
+    engine_->read(engine_->shadow_tensor(t), 0, copy[t]);
+  }
+  source->snapshot = std::move(copy);
+  source->from_shadow = false;
+  note("the anchor of version " + std::to_string(staged_anchor_version_.value_or(0)) +
+       " was still uploading: copied its weights to host memory before the shadow moved on");
+}
+
+void Publisher::set_stream(void* stream) {
+  std::lock_guard<std::mutex> lock(engine_mutex_);
+  engine_->set_stream(stream);
 }
 
 void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> current, bool force_anchor) {
@@ -219,6 +260,7 @@ void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> curren
   auto job = std::make_unique<Job>();
   job->version = version;
   job->published_at = start;
+  std::unique_lock<std::mutex> engine_lock(engine_mutex_);
   if (!engine_->has_shadow()) {
     // First version of this publisher: the shadow starts as a copy and the version is an anchor.
     engine_->reset_shadow(current);
@@ -228,6 +270,9 @@ void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> curren
     job->has_delta = true;
     engine::EncodeRequest request;
     request.want_coded = format_ == DeltaFormat::Compact && engine_->device() != engine::Device::kCpu;
+    engine_lock.unlock();
+    detach_anchor_from_shadow();  // takes the anchor's then the engine's lock
+    engine_lock.lock();
     engine_->encode(current, request, job->staged);
     job->transfer.add(job->staged.transfer);
     if (low_byte) {
@@ -254,6 +299,7 @@ void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> curren
     if (queue_.size() >= options_.max_pending && (queue_.back()->anchor || !queue_.back()->has_delta)) anchor = true;
   }
   if (anchor) stage_anchor(*job, current);
+  engine_lock.unlock();
   staged_version_ = version;
   job->stage_seconds = seconds_since(start);
   {
@@ -314,10 +360,23 @@ void Publisher::enqueue(std::unique_ptr<Job> job) {
       changed_.notify_all();
       changed_.wait(lock, [&] { return queue_.size() < options_.max_pending || (paused_ && failure_) || stopping_; });
     }
-    if (queue_.size() >= options_.max_pending && can_fold(*queue_.back())) {
+    bool fold = queue_.size() >= options_.max_pending && can_fold(*queue_.back());
+    SparseDelta merged_changes;
+    if (fold && queue_.back()->has_delta && job->has_delta && mergeable(queue_.back()->staged) && mergeable(job->staged)) {
+      // The shadow has already moved on to this version: dropping it on a failed merge (out of
+      // memory) would break the chain for good, so it is then queued unmerged instead.
+      try {
+        merged_changes = merge_deltas(queue_.back()->staged.changes.view(), job->staged.changes.view(), tensors_);
+      } catch (const std::exception& e) {
+        fold = false;
+        merged_note = "could not merge version " + std::to_string(job->version) + " into a pending upload (" + e.what() +
+                      "); queued on its own";
+      }
+    }
+    if (fold) {
       Job& back = *queue_.back();
       if (back.has_delta && job->has_delta && mergeable(back.staged) && mergeable(job->staged)) {
-        back.staged.changes = merge_deltas(back.staged.changes.view(), job->staged.changes.view(), tensors_);
+        back.staged.changes = std::move(merged_changes);
         for (size_t t = 0; t < tensors_.size(); ++t)
           back.staged.counts[t] = back.staged.changes.offsets[t + 1] - back.staged.changes.offsets[t];
         back.full_digests = std::move(job->full_digests);
@@ -329,9 +388,9 @@ void Publisher::enqueue(std::unique_ptr<Job> job) {
       } else if (!back.has_delta) {
         // The pending version is anchor-only and the new one an anchor too (publish() saw to it).
       }
-      if (job->anchor) back.snapshot = std::move(job->snapshot);
+      if (job->anchor) back.source = std::move(job->source);
       back.anchor = back.anchor || job->anchor;
-      if (back.anchor && back.snapshot.empty()) throw Error("publisher: merged anchor without weights (internal error)");
+      if (back.anchor && !back.source) throw Error("publisher: merged anchor without weights (internal error)");
       history_[back.version].merged_into = job->version;
       VersionStats& merged = history_[job->version];
       merged.merged_versions = back.merged + job->merged;
@@ -482,39 +541,6 @@ void Publisher::upload(Job& job) {
     }
     st.changed_elements = staged.total_changed();
   }
-  std::vector<std::vector<uint8_t>> parts;
-  if (job.anchor) {
-    std::vector<ConstTensorRef> refs;
-    for (size_t t = 0; t < tensors_.size(); ++t) refs.push_back(ConstTensorRef{tensors_[t].name, job.snapshot[t].data(), tensors_[t].numel(), tensors_[t].width()});
-    auto full = digest_tensors(refs);
-    if (job.has_delta && full != result_digests)
-      throw Error("publisher: version " + std::to_string(job.version) + ": the anchor's weights disagree with the delta chain's digests");
-    result_digests = std::move(full);
-    // Parts at tensor boundaries, each at most anchor_part_bytes unless one tensor is larger.
-    std::vector<std::vector<size_t>> groups(1);
-    uint64_t in_group = 0;
-    for (size_t t = 0; t < tensors_.size(); ++t) {
-      uint64_t n = job.snapshot[t].size();
-      if (!groups.back().empty() && in_group + n > options_.anchor_part_bytes) {
-        groups.emplace_back();
-        in_group = 0;
-      }
-      groups.back().push_back(t);
-      in_group += n;
-    }
-    for (size_t k = 0; k < groups.size(); ++k) {
-      std::vector<st::WriteTensor> write;
-      integrity::DigestMap digests;
-      for (size_t t : groups[k]) {
-        write.push_back(st::WriteTensor{tensors_[t].name, tensors_[t].dtype, tensors_[t].shape, job.snapshot[t]});
-        digests.emplace(tensors_[t].name, result_digests[t]);
-      }
-      st::Metadata md{{"sparse", "False"}, {"format", "anchor"}, {"model_version", std::to_string(job.version)},
-                      {"anchor_part", std::to_string(k) + "/" + std::to_string(groups.size())}};
-      integrity::put_checkpoint_digests(md, digests);
-      parts.push_back(st::serialize(write, md));
-    }
-  }
   st.encode_seconds = seconds_since(t0);
 
   // 2. Upload objects under fresh names, then the manifest (exclusive), then LATEST.
@@ -530,11 +556,7 @@ void Publisher::upload(Job& job) {
     m.changed_elements = st.changed_elements;
     st.delta_bytes = delta_bytes.size();
   }
-  m.anchor_parts.resize(parts.size());
-  http::run_parallel(parts.size(), options_.parallel_uploads, [&](size_t k) {
-    m.anchor_parts[k] = upload_object(store, protocol::anchor_part_key(job.version, nonce, k), parts[k]);
-  });
-  for (const auto& p : parts) st.anchor_bytes += p.size();
+  if (job.anchor) m.anchor_parts = upload_anchor(job, nonce, result_digests, st);
   m.latest_anchor = job.anchor ? std::optional<uint64_t>(job.version) : before.last_anchor_version;
   for (const auto& t : tensors_) m.total_elements += t.numel();
   m.model_bytes = model_bytes_;
@@ -554,6 +576,69 @@ void Publisher::upload(Job& job) {
   job.committed_stats = st;
   protocol::advance_latest(store, job.version);
   finish(job, st, result_digests);
+}
+
+std::vector<protocol::ObjectRef> Publisher::upload_anchor(Job& job, const std::string& nonce, std::vector<uint64_t>& digests,
+                                                          VersionStats& st) {
+  // Parts at tensor boundaries, each at most anchor_part_bytes unless one tensor is larger.
+  std::vector<std::vector<size_t>> groups(1);
+  uint64_t in_group = 0;
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    const uint64_t n = tensors_[t].numel() * tensors_[t].width();
+    if (!groups.back().empty() && in_group + n > options_.anchor_part_bytes) {
+      groups.emplace_back();
+      in_group = 0;
+    }
+    groups.back().push_back(t);
+    in_group += n;
+  }
+  const bool check_chain = job.has_delta;  // digests holds the delta chain's result digests
+  std::vector<uint64_t> full(tensors_.size(), 0);
+  std::vector<protocol::ObjectRef> refs(groups.size());
+  std::vector<uint64_t> part_bytes(groups.size(), 0);
+  AnchorSource& source = *job.source;
+  // Each of up to parallel_uploads threads reads one part into host memory, hashes it (the
+  // anchor's digests come from the bits uploaded), serializes and uploads it, then frees it.
+  http::run_parallel(groups.size(), options_.parallel_uploads, [&](size_t k) {
+    std::vector<std::vector<uint8_t>> own;  // this part's bits, when read from the shadow
+    std::vector<std::span<const uint8_t>> bits;
+    {
+      std::lock_guard<std::mutex> lock(source.mutex);
+      if (source.from_shadow) {
+        std::lock_guard<std::mutex> engine_lock(engine_mutex_);
+        for (size_t t : groups[k]) {
+          own.emplace_back(tensors_[t].numel() * tensors_[t].width());
+          engine_->read(engine_->shadow_tensor(t), 0, own.back());
+          bits.emplace_back(own.back());
+        }
+      } else {
+        for (size_t t : groups[k]) bits.emplace_back(source.snapshot[t]);  // immutable from here
+      }
+    }
+    std::vector<st::WriteTensor> write;
+    integrity::DigestMap part_digests;
+    for (size_t i = 0; i < groups[k].size(); ++i) {
+      const size_t t = groups[k][i];
+      const ConstTensorRef ref{tensors_[t].name, bits[i].data(), tensors_[t].numel(), tensors_[t].width()};
+      full[t] = digest_tensors(std::span(&ref, 1))[0];
+      if (check_chain && full[t] != digests[t])
+        throw Error("publisher: version " + std::to_string(job.version) + ": the anchor's weights disagree with the delta chain's digests (tensor " +
+                    tensors_[t].name + ")");
+      write.push_back(st::WriteTensor{tensors_[t].name, tensors_[t].dtype, tensors_[t].shape, bits[i]});
+      part_digests.emplace(tensors_[t].name, full[t]);
+    }
+    st::Metadata md{{"sparse", "False"}, {"format", "anchor"}, {"model_version", std::to_string(job.version)},
+                    {"anchor_part", std::to_string(k) + "/" + std::to_string(groups.size())}};
+    integrity::put_checkpoint_digests(md, part_digests);
+    const std::vector<uint8_t> part = st::serialize(write, md);
+    part_bytes[k] = part.size();
+    refs[k] = upload_object(*store_, protocol::anchor_part_key(job.version, nonce, k), part);
+  });
+  for (uint64_t n : part_bytes) st.anchor_bytes += n;
+  if (engine_->device() != engine::Device::kCpu)
+    for (const auto& t : tensors_) st.transfer.device_to_host_bytes += t.numel() * t.width();
+  digests = std::move(full);
+  return refs;
 }
 
 void Publisher::finish(const Job& job, const VersionStats& st, const std::vector<uint64_t>& result_digests) {

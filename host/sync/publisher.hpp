@@ -40,6 +40,7 @@
 #include "codec/delta_io.hpp"
 #include "core/sparse_delta.hpp"
 #include "store/store.hpp"
+#include "sync/protocol.hpp"
 #include "core/tensor.hpp"
 
 namespace deltasync {
@@ -125,12 +126,15 @@ class Publisher {
   VersionStats last_staged() const;
   PublisherState state() const;
   const engine::SyncEngine& engine() const { return *engine_; }
-  engine::SyncEngine& engine() { return *engine_; }
+  // Where the engine queues its work (a cudaStream_t; engine::SyncEngine::set_stream), set
+  // under the lock that orders the caller's engine calls with the upload thread's anchor reads.
+  void set_stream(void* stream);
   const std::vector<TensorMeta>& tensors() const { return tensors_; }
   const PublisherOptions& options() const { return options_; }
 
  private:
   struct Job;
+  struct AnchorSource;
   void worker_loop();
   void upload(Job& job);
   // Bookkeeping once a version is visible: state, digests, stats, retention.
@@ -138,6 +142,12 @@ class Publisher {
   void enqueue(std::unique_ptr<Job> job);
   bool anchor_due(uint64_t version) const;
   void stage_anchor(Job& job, std::span<const ConstTensorRef> current);
+  // Copies the shadow into the host memory of the anchor still streaming from it, before an
+  // encode moves the shadow on (only when the trainer outpaces the anchor's upload).
+  void detach_anchor_from_shadow();
+  // Reads, hashes, serializes and uploads anchor parts (a few at a time: bounded host memory).
+  std::vector<protocol::ObjectRef> upload_anchor(Job& job, const std::string& nonce, std::vector<uint64_t>& digests,
+                                                 VersionStats& st);
   void note(const std::string& line) const;
 
   std::shared_ptr<Store> store_;
@@ -151,6 +161,11 @@ class Publisher {
   std::optional<uint64_t> staged_version_;
   std::optional<uint64_t> staged_anchor_version_;
   std::vector<uint64_t> published_digests_;  // low-memory shadow: full digests at the last publish
+  std::weak_ptr<AnchorSource> shadow_source_;  // the anchor that streams from the shadow, while it uploads
+
+  // The engine is used by the caller's thread (publish) and the upload thread (anchor parts
+  // read from the shadow); this orders the two.
+  std::mutex engine_mutex_;
   VersionStats last_staged_;
 
   mutable std::mutex mutex_;

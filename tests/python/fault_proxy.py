@@ -12,6 +12,9 @@ request. Faults are consumed in order, each for `times` matching requests:
   redirect   answer 307 with `location` (a URL; may point to another host)
   hang_put   accept the request body, then never answer (until the client goes away); sets
              `hit` so a test can act (e.g. kill the client) mid-upload
+  gate       wait until `event` (a threading.Event) is set, then forward: uploads stalled
+             until the test lets them go (the wait ends by itself after `seconds`, default 30,
+             so a regression fails its assertions instead of hanging)
 """
 import http.client
 import http.server
@@ -111,6 +114,8 @@ class FaultProxy:
                         return
                     if kind == "delay":
                         time.sleep(p.get("seconds", 1.0))
+                    if kind == "gate":
+                        p["event"].wait(p.get("seconds", 30.0))
                     if kind == "hang_put":
                         time.sleep(p.get("seconds", 60))
                         self.close_connection = True

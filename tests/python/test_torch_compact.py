@@ -4,6 +4,7 @@ and unbased values first, then the base bits gathered where the weights live), b
 worker extension, and by the C++ CLI in both directions."""
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -12,12 +13,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_standin as vs  # noqa: E402
-from test_torch_pubsub import bits_equal, make_model, train_step  # noqa: E402
+from test_torch_pubsub import NO_SIZE_ANCHORS, bits_equal, make_model, manifest, train_step  # noqa: E402
 
 import deltasync  # noqa: E402
 from deltasync._files import parse_delta, rebase_values  # noqa: E402
-from deltasync._protocol import fetch_verified  # noqa: E402
-from deltasync.subscriber import UpdateReport  # noqa: E402
 from deltasync.vllm import DeltaWorkerExtension  # noqa: E402
 
 
@@ -30,17 +29,25 @@ def meta_of(model):
     return [(n, p.dtype, tuple(p.shape)) for n, p in model.named_parameters()]
 
 
+def stored_delta(store: str, version: int) -> bytes:
+    """Version `version`'s delta as a folder store holds it, checked against its manifest."""
+    ref = manifest(store, version)["delta"]
+    data = (Path(store.removeprefix("file://")) / ref["key"]).read_bytes()
+    assert len(data) == ref["size"] and hashlib.sha256(data).hexdigest() == ref["sha256"]
+    return data
+
+
 def test_compact_is_the_default_and_the_subscriber_follows_bit_identically(store):
     trainer, follower = make_model(0), make_model(1)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
     sub = deltasync.DeltaSubscriber(follower, store=store)
-    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100) as pub:
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, anchor_share=NO_SIZE_ANCHORS) as pub:
         pub.publish(0)
         for step in range(1, 5):
             train_step(trainer, optimizer, step)
             assert pub.publish(step).changed_elements > 0
             pub.flush()
-            assert sub.catalog.find(step).delta_format == "compact"
+            assert manifest(store, step)["delta_format"] == "compact"
             assert sub.update() == step
             assert bits_equal(trainer, follower)
     assert sub.last_report.deltas == [4]
@@ -76,15 +83,14 @@ def test_compact_deltas_are_smaller_than_trl_for_the_same_steps(tmp_path):
 def test_two_phase_read_equals_direct_decode_and_applies(store):
     trainer, follower = make_model(0), make_model(1)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-4)
-    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100) as pub:
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, anchor_share=NO_SIZE_ANCHORS) as pub:
         pub.publish(0)
         pub.flush()
         sub = deltasync.DeltaSubscriber(follower, store=store)
         sub.update()
         train_step(trainer, optimizer, 1)
         pub.publish(1)
-    m = sub.catalog.find(1)
-    data = fetch_verified(sub.store, m.delta)
+    data = stored_delta(store, 1)
     base = [p.detach() for p in follower.parameters()]
     direct = parse_delta(data, "d", meta_of(follower), base)
     relative = parse_delta(data, "d", meta_of(follower))
@@ -99,9 +105,10 @@ def test_two_phase_read_equals_direct_decode_and_applies(store):
         rebased = rebase_values(unbased, base_bits, [idx.numel()], [new.element_size()]).view(new.dtype)
         assert torch.equal(rebased.view(torch.int16), new.view(torch.int16)), name
         assert not torch.equal(unbased.view(torch.int16), new.view(torch.int16))  # really relative
-    # The receiver's two-phase path (what a GPU-resident subscriber runs) reaches the trainer.
-    receiver = sub.receiver
-    receiver.apply_delta(relative, "d", UpdateReport())
+    # The subscriber applies the same delta and reaches the trainer. (On the CPU it decodes
+    # against the host weights directly; the two-phase path a GPU-resident subscriber runs is
+    # test_cuda_subscriber_reads_compact_in_two_phases below and tests/test_compact_two_phase.cpp.)
+    assert sub.update() == 1 and sub.last_report.deltas == [1]
     assert bits_equal(trainer, follower)
 
 
@@ -125,9 +132,9 @@ def test_rebase_covers_sign_and_exponent_boundaries():
 def test_low_memory_mode_defaults_to_trl_and_refuses_compact(store):
     with deltasync.DeltaPublisher(make_model(0), store=store, low_memory=True) as pub:
         assert pub.format == "trl"
-    with pytest.raises(ValueError, match="low-memory shadow"):
+    with pytest.raises(ValueError, match="format 'compact' .* the low-memory shadow does not keep; use format 'trl'"):
         deltasync.DeltaPublisher(make_model(0), store=store, low_memory=True, format="compact")
-    with pytest.raises(ValueError, match="choose 'trl'"):
+    with pytest.raises(ValueError, match=r"unknown delta format 'zstd' \(choose compact, trl"):
         deltasync.DeltaPublisher(make_model(0), store=store, format="zstd")
 
 
@@ -138,8 +145,7 @@ def test_corrupt_compact_delta_is_refused_with_its_name(store):
         with torch.no_grad():
             trainer[1].weight.view(torch.int16)[0, :40] += 1
         pub.publish(1)
-    sub = deltasync.DeltaSubscriber(make_model(0), store=store)
-    data = bytearray(fetch_verified(sub.store, sub.catalog.find(1).delta))
+    data = bytearray(stored_delta(store, 1))
     data[-3] ^= 0xFF  # inside the last tensor's payload
     with pytest.raises(RuntimeError, match="delta_read: bad.safetensors"):
         parse_delta(bytes(data), "bad.safetensors", meta_of(trainer))
@@ -152,12 +158,11 @@ def test_vllm_workers_apply_compact_deltas_bit_identically(tmp_path, tp_size):
     trainer = vs.HFModel(config, seed=0)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=2e-5)
     store = f"file://{tmp_path / 'bucket'}"
-    workers = [Worker(vs.StandinForCausalLM(config, vs.TP(r, tp_size)), rank=r) for r in range(tp_size)]
-    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, format="compact") as pub:
+    workers = vs.make_workers(Worker, config, tp_size)  # each rank with its shard and its TP group
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=100, format="compact", anchor_share=NO_SIZE_ANCHORS) as pub:
         pub.publish(0)
         pub.flush()
-        for w in workers:
-            w.deltasync_init(store)
+        vs.on_all_ranks(workers, "deltasync_init", store)
         for step in (1, 2):
             g = torch.Generator().manual_seed(step)
             loss = sum((p.float() * torch.randn(p.shape, generator=g)).sum() for p in trainer.parameters())
@@ -167,36 +172,17 @@ def test_vllm_workers_apply_compact_deltas_bit_identically(tmp_path, tp_size):
             pub.publish(step)
             pub.flush()
             state = {n: p.detach().clone() for n, p in trainer.named_parameters()}
-            for r, w in enumerate(workers):
-                report = w.deltasync_update()
+            for r, (w, report) in enumerate(zip(workers, vs.on_all_ranks(workers, "deltasync_update"))):
                 assert report["deltas"] == [step] and report["applied_elements"] > 0
                 expected = vs.reference_runtime_params(config, vs.TP(r, tp_size), state)
                 for name, p in w.model_runner.model.named_parameters():
                     assert torch.equal(p.detach().view(torch.int16), expected[name].view(torch.int16)), name
-    assert pub.store.list("deltas/")
+    assert sorted(p.name[:20] for p in (tmp_path / "bucket" / "deltas").iterdir()) == [f"{v:020d}" for v in (1, 2)]
 
 
-def test_vllm_worker_in_another_dtype_rebases_compact_values(tmp_path):
-    Worker = vs.make_worker_class(DeltaWorkerExtension)
-    config = vs.Config()
-    trainer = vs.HFModel(config)
-    store = f"file://{tmp_path / 'bucket'}"
-    tp = vs.TP(0, 2)
-    worker = Worker(vs.StandinForCausalLM(config, tp, dtype=torch.float32), rank=0)
-    with deltasync.DeltaPublisher(trainer, store=store, format="compact") as pub:
-        pub.publish(0)
-        pub.flush()
-        worker.deltasync_init(store)
-        with torch.no_grad():
-            for p in trainer.parameters():
-                p.view(-1).view(torch.int16)[::5] -= 1
-        pub.publish(1)
-        pub.flush()
-        assert worker.deltasync_update()["applied_elements"] > 0
-    state = {n: p.detach().clone() for n, p in trainer.named_parameters()}
-    expected = vs.reference_runtime_params(config, tp, state, dtype=torch.float32)
-    for name, p in worker.model_runner.model.named_parameters():
-        assert torch.equal(p.detach().view(torch.int32), expected[name].view(torch.int32)), name
+# A vLLM worker serving another dtype than the published one is refused before anything is
+# written (deltas carry published bits): test_vllm_extension.py::
+# test_runtime_dtype_other_than_the_checkpoints_is_refused_before_anything_is_written.
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and deltasync.has_cuda_ops()),

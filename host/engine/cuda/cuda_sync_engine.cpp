@@ -209,6 +209,12 @@ bool CudaSyncEngine::has_shadow() const { return state_->has_shadow; }
 const TransferCounters& CudaSyncEngine::cumulative_transfer() const { return state_->cumulative; }
 ShadowKind CudaSyncEngine::shadow_kind() const { return state_->options.shadow; }
 uint64_t CudaSyncEngine::shadow_bytes() const { return state_->shadow_total; }
+ConstTensorRef CudaSyncEngine::shadow_tensor(size_t t) const {
+  const State& s = *state_;
+  if (!s.has_shadow || s.options.shadow != ShadowKind::kFull || t >= s.shadow.size())
+    throw Error("shadow_tensor: no full shadow of tensor " + std::to_string(t));
+  return ConstTensorRef{"shadow", s.shadow[t], s.numel[t], s.width[t]};
+}
 
 // ---- publish side ----------------------------------------------------------------------------
 

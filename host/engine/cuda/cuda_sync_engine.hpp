@@ -23,6 +23,7 @@ class CudaSyncEngine final : public SyncEngine {
   bool has_shadow() const override;
   ShadowKind shadow_kind() const override;
   uint64_t shadow_bytes() const override;
+  ConstTensorRef shadow_tensor(size_t t) const override;
   void encode(std::span<const ConstTensorRef> current, const EncodeRequest& request, StagedDelta& out) override;
   void read(const ConstTensorRef& source, uint64_t offset, std::span<uint8_t> out) override;
 

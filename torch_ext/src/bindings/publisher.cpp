@@ -82,7 +82,7 @@ class PublisherBinding {
     const TensorSet current = same_layout(layout_, tensors, "deltasync.DeltaPublisher.publish");
     {
       py::gil_scoped_release nogil;
-      use_current_stream(p.engine(), current);
+      if (current.device == engine::Device::kCuda) p.set_stream(current_stream_for(current));
       p.publish(version, current.const_refs(), force_anchor);
     }
     return stats_dict(p.last_staged());

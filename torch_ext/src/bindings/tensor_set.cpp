@@ -85,8 +85,12 @@ std::unique_ptr<engine::SyncEngine> engine_for(const TensorSet& set, const engin
   return engine;
 }
 
+void* current_stream_for(const TensorSet& set) {
+  return set.device == engine::Device::kCuda ? current_cuda_stream(set.device_index) : nullptr;
+}
+
 void use_current_stream(engine::SyncEngine& engine, const TensorSet& set) {
-  if (set.device == engine::Device::kCuda) engine.set_stream(current_cuda_stream(set.device_index));
+  if (set.device == engine::Device::kCuda) engine.set_stream(current_stream_for(set));
 }
 
 }  // namespace deltasync::torch_ext

@@ -29,6 +29,9 @@ TensorSet tensor_set(const std::vector<std::string>& names, const std::vector<at
 // `current` has the same devices, dtypes and shapes as `described` (a publish after the first).
 TensorSet same_layout(const TensorSet& described, const std::vector<at::Tensor>& current, const char* what);
 
+// The caller's current CUDA stream for a set on a CUDA device (nullptr for host tensors): engine
+// work queues behind what the caller already queued there.
+void* current_stream_for(const TensorSet& set);
 // The engine for the set's device, ordered on the caller's current stream there.
 std::unique_ptr<engine::SyncEngine> engine_for(const TensorSet& set, const engine::EngineOptions& options);
 // Points an engine at the current stream of the set's device (CUDA; a no-op on the CPU).

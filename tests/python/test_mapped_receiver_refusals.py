@@ -1,0 +1,57 @@
+"""The vLLM receiver refuses a delta whose result digest is wrong, or that was made for another
+base, inside the worker at TP=1 and TP=2 (the stand-in, ranks on threads over real gloo groups):
+every rank raises, and every rank's runtime parameters are bit for bit what they were."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import store_tamper  # noqa: E402
+import vllm_standin as vs  # noqa: E402
+
+import deltasync  # noqa: E402
+from deltasync.errors import IntegrityError, WrongBaseError  # noqa: E402
+from deltasync.vllm import DeltaWorkerExtension  # noqa: E402
+
+Worker = vs.make_worker_class(DeltaWorkerExtension)
+
+
+def runtime_bits(worker) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in worker.model_runner.model.named_parameters()}
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+@pytest.mark.parametrize("tamper", ["result", "base"])
+def test_a_tampered_delta_is_refused_on_every_rank_with_the_weights_unchanged(tmp_path, tp_size, tamper):
+    config = vs.Config()
+    trainer = vs.HFModel(config, seed=0)
+    store_dir = tmp_path / "bucket"
+    store = f"file://{store_dir}"
+    workers = vs.make_workers(Worker, config, tp_size)
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=0) as pub:
+        pub.publish(0)
+        pub.flush()
+        vs.on_all_ranks(workers, "deltasync_init", store)
+        with torch.no_grad():
+            # Rows on both ranks of the vocabulary split, and a replicated norm.
+            trainer.model.embed_tokens.weight.view(torch.int16)[[1, config.vocab_size - 2], 3] += 1
+            trainer.model.norm.weight.view(torch.int16)[5] += 1
+        pub.publish(1)
+    before = [runtime_bits(w) for w in workers]
+    name = "model.embed_tokens.weight"
+    if tamper == "result":
+        store_tamper.tamper_result_digest(store_dir, 1, name)
+        expected, message = IntegrityError, "result digest mismatch for tensor model.embed_tokens.weight"
+    else:
+        store_tamper.tamper_base_digest(store_dir, 1, name)
+        expected, message = WrongBaseError, "model.embed_tokens.weight"
+    with pytest.raises(expected, match=message):
+        vs.on_all_ranks(workers, "deltasync_update")
+    for rank, (w, bits) in enumerate(zip(workers, before)):
+        for n, p in w.model_runner.model.named_parameters():
+            assert torch.equal(p.detach().view(torch.int16), bits[n].view(torch.int16)), f"rank {rank}: {n}"
+        assert w.deltasync_version() == 0
