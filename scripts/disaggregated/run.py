@@ -1,10 +1,10 @@
 """The disaggregated demo's driver (scripts/disaggregated-demo): makes the base checkpoint, opens
 the store (a folder, or a signature-checking moto S3 server on loopback as the "bucket"), starts
-the vLLM server process (.venv-vllm) and the TRL trainer process (.venv), and stops everything
+the vLLM server process (the vLLM environment) and the TRL trainer process (.venv), and stops everything
 at the end. The two processes share nothing but the store; the trainer reaches the server only
 through vLLM's HTTP routes, to tell it which version to serve.
 
-    python run.py [--store folder|s3] [--steps N] [--work DIR]
+    python run.py --vllm-python PY --vllm-site DIR [--store folder|s3] [--steps N] [--lr LR] [--work DIR]
 """
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--lr", type=float, help="AdamW learning rate (default: toy_task.LEARNING_RATE)")
     ap.add_argument("--work", default=str(ROOT / "build" / "disaggregated-demo"))
-    ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    # Where scripts/lib/vllm_env.sh put vLLM and this checkout's deltasync for it (VLLM_VENV, VLLM_SITE).
+    ap.add_argument("--vllm-python", required=True, help="the vLLM environment's python")
+    ap.add_argument("--vllm-site", required=True, help="the folder holding deltasync for that environment")
     args = ap.parse_args()
     started = time.perf_counter()
     work = Path(args.work)
@@ -61,7 +63,7 @@ def main() -> int:
     print(f"trainer: TRL GRPOTrainer + deltasync.trl.DeltaSyncCallback, engine VLLMServerEngine (log {trainer_log})")
     server = trainer = None
     try:
-        server = server_process.start(args.vllm_python, base, port, server_log,
+        server = server_process.start(args.vllm_python, base, port, server_log, site=args.vllm_site,
                                       env=dict(store_env, VLLM_LOGGING_LEVEL="WARNING"))
         # The trainer starts while the server loads (it waits for /health before its first sync).
         trainer = subprocess.Popen([sys.executable, str(HERE / "trainer.py"), "--store", store,

