@@ -76,7 +76,7 @@ def test_index_maps_are_runs_not_elements(tmp_path):
         pub.publish(0)
     workers = vs.make_workers(Worker, config, 2)
     report = vs.on_all_ranks(workers, "deltasync_init", store)[1]
-    imap = workers[1]._deltasync_imap  # rank 1's map
+    imap = workers[1]._deltasync.index_map  # rank 1's map
     runs = {name: sum(t.hf_start.numel() for t in ts) for name, ts in imap.targets.items()}
     # Row-sharded (output dim): this rank's rows are one contiguous block -> one run.
     assert runs["model.layers.0.self_attn.q_proj.weight"] == 1
@@ -149,31 +149,6 @@ def test_real_vllm_is_importable_and_has_worker_extensions():
     assert "worker_extension_cls" in ParallelConfig.__dataclass_fields__
 
 
-def test_run_lookup_arithmetic_and_binary_search_agree_with_brute_force():
-    from deltasync.vllm.index_map import TargetRuns
-
-    # A column-sharded 12 x 10 matrix, this rank holding columns 4..7: one run per row.
-    rows, cols, lo, width = 12, 10, 4, 4
-    hf_start = torch.arange(rows) * cols + lo
-    rt_start = torch.arange(rows) * width
-    length = torch.full((rows,), width)
-    regular = TargetRuns.build(0, hf_start, length, rt_start)
-    general = TargetRuns(0, hf_start, length, rt_start)  # no stride: binary search
-    assert regular.hf_stride == cols and regular.rt_stride == width and general.hf_stride is None
-    hf = torch.arange(rows * cols)
-    expect_held = (hf % cols >= lo) & (hf % cols < lo + width)
-    expect_pos = (hf // cols * width + hf % cols - lo)[expect_held]
-    for runs in (regular, general):
-        held, pos = runs.lookup(hf)
-        assert torch.equal(held, expect_held) and torch.equal(pos, expect_pos)
-    # Irregular runs fall back to the binary search.
-    odd = TargetRuns.build(0, torch.tensor([0, 5, 30]), torch.tensor([2, 3, 1]), torch.tensor([0, 2, 5]))
-    assert odd.hf_stride is None
-    held, pos = odd.lookup(torch.tensor([0, 1, 2, 5, 7, 8, 30, 31]))
-    assert held.tolist() == [True, True, False, True, True, False, True, False]
-    assert pos.tolist() == [0, 1, 2, 4, 5]
-
-
 def test_tied_lm_head_published_under_both_names(tmp_path):
     # A trainer may publish a state dict that names the tied matrix twice; vLLM's loader skips
     # lm_head.weight, so its changes must land once, through the embedding.
@@ -191,7 +166,7 @@ def test_tied_lm_head_published_under_both_names(tmp_path):
             trainer.model.embed_tokens.weight.view(torch.int16)[[1, 70, 99], 3] += 1
         pub.publish(1)
         pub.flush()
-        imap = workers[0]._deltasync_imap
+        imap = workers[0]._deltasync.index_map
         assert imap.targets["lm_head.weight"] == []
         reports = vs.on_all_ranks(workers, "deltasync_update")
         assert all(r["changed_elements"] == 6 for r in reports)  # the delta names both

@@ -11,13 +11,13 @@ embeddings; its loaders know all that. We ask them once, without touching the li
    crosses from one tensor into the next) -- exact in int32 (int64 past 2^31 elements). What a
    loader fills with 0 (vocabulary padding) reads back as 0;
 3. one read of every twin finds the runs where consecutive runtime elements hold consecutive
-   probe values; each run is one (HF tensor, HF start, length, runtime start) entry, and each
-   stretch of loader-written zeros is kept too (an anchor load writes them, as a fresh load does);
+   probe values; each run is one (HF tensor, HF start, length, runtime start) entry (stretches
+   a loader fills with zeros -- vocabulary padding -- are no checkpoint element: an anchor goes
+   through the loader, which writes them as a fresh load does);
 4. whatever happens, every `.data` is put back: the live weights are never written.
 
 One load pass and one read pass: O(elements). The runs are few -- a row-sharded (or whole)
-tensor is one run, a column-sharded one is one run per row -- and a run table whose runs are
-evenly spaced on both sides is also kept as two strides (plain arithmetic to map).
+tensor is one run, a column-sharded one is one run per row.
 """
 from __future__ import annotations
 
@@ -36,61 +36,18 @@ class LearnError(RuntimeError):
 
 @dataclass
 class TargetRuns:
-    """Runs of one HF tensor inside one runtime tensor, sorted by hf_start (non-overlapping).
-
-    Runs that are evenly spaced on both sides with one length -- a column-sharded matrix: one
-    run per row -- are also kept as (hf_stride, rt_stride), which turns a lookup into plain
-    arithmetic."""
+    """Runs of one HF tensor inside one runtime tensor, sorted by hf_start (non-overlapping):
+    HF elements [hf_start[r], +length[r]) sit at runtime positions [rt_start[r], +length[r]).
+    Mapping deltas through them is the C++ mapped receiver's job (host/sync/mapped_receiver.hpp)."""
 
     param_index: int
     hf_start: torch.Tensor   # int64 [R]
     length: torch.Tensor     # int64 [R]
     rt_start: torch.Tensor   # int64 [R]
-    hf_stride: int | None = None
-    rt_stride: int | None = None
-
-    @staticmethod
-    def build(param_index: int, hf_start: torch.Tensor, length: torch.Tensor, rt_start: torch.Tensor) -> "TargetRuns":
-        runs = TargetRuns(param_index, hf_start, length, rt_start)
-        if hf_start.numel() > 1 and bool((length == length[0]).all()):
-            hf_steps, rt_steps = hf_start.diff(), rt_start.diff()
-            if bool((hf_steps == hf_steps[0]).all()) and bool((rt_steps == rt_steps[0]).all()) \
-                    and int(hf_steps[0]) >= int(length[0]):
-                runs.hf_stride, runs.rt_stride = int(hf_steps[0]), int(rt_steps[0])
-        return runs
 
     @property
     def elements(self) -> int:
         return int(self.length.sum())
-
-    def lookup(self, hf_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mask of the indices this target holds, their runtime positions)."""
-        if self.hf_start.numel() == 1 or self.hf_stride is not None:
-            first, length = int(self.hf_start[0]), int(self.length[0])
-            rel = hf_indices - first
-            if self.hf_stride is None:
-                held = (rel >= 0) & (rel < length)
-                return held, rel[held] + int(self.rt_start[0])
-            run, offset = torch.div(rel, self.hf_stride, rounding_mode="floor"), rel.remainder(self.hf_stride)
-            held = (rel >= 0) & (run < self.hf_start.numel()) & (offset < length)
-            return held, int(self.rt_start[0]) + run[held] * self.rt_stride + offset[held]
-        r = torch.searchsorted(self.hf_start, hf_indices, right=True) - 1
-        rc = r.clamp(min=0)
-        held = (r >= 0) & (hf_indices < self.hf_start[rc] + self.length[rc])
-        positions = self.rt_start[rc] + (hf_indices - self.hf_start[rc])
-        return held, positions[held]
-
-    def copy_into(self, target: torch.Tensor, source: torch.Tensor) -> None:
-        """target (runtime, flat view) <- the elements of source (the HF tensor) it holds."""
-        flat_t, flat_s = target.reshape(-1), source.reshape(-1)
-        if self.hf_stride is not None:
-            rows, length = self.hf_start.numel(), int(self.length[0])
-            dst = flat_t.as_strided((rows, length), (self.rt_stride, 1), int(self.rt_start[0]))
-            src = flat_s.as_strided((rows, length), (self.hf_stride, 1), int(self.hf_start[0]))
-            dst.copy_(src)
-            return
-        for h, n, r in zip(self.hf_start.tolist(), self.length.tolist(), self.rt_start.tolist()):
-            flat_t[r:r + n].copy_(flat_s[h:h + n])
 
 
 @dataclass
@@ -101,13 +58,6 @@ class IndexMap:
     params: list[torch.Tensor]
     hf_tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]
     targets: dict[str, list[TargetRuns]]  # HF name -> where its elements go (may be empty: not on this rank)
-    zero_fills: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None  # runtime tensor -> (starts, lengths) loaders zero
-
-    def write_zero_fills(self) -> None:
-        for k, (starts, lengths) in (self.zero_fills or {}).items():
-            flat = self.params[k].reshape(-1)
-            for s, n in zip(starts.tolist(), lengths.tolist()):
-                flat[s:s + n].zero_()
 
     def runs(self) -> int:
         return sum(t.hf_start.numel() for ts in self.targets.values() for t in ts)
@@ -206,7 +156,6 @@ def _decode(tensors, loaded, hf_tensors, bases) -> IndexMap:
     base_table = torch.tensor([bases[n] for n in names], dtype=torch.int64)
     numels = torch.tensor([math.prod(hf_tensors[n][1]) for n in names], dtype=torch.int64)
     per_name: dict[str, list[TargetRuns]] = {n: [] for n in names}
-    zero_fills: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for k, ((rt_name, _, _, _), twin) in enumerate(zip(tensors, loaded)):
         flat = twin.reshape(-1)
         if flat.numel() == 0:
@@ -215,9 +164,6 @@ def _decode(tensors, loaded, hf_tensors, bases) -> IndexMap:
         first = flat.index_select(0, starts).to(torch.int64)
         last = flat.index_select(0, ends - 1).to(torch.int64)
         lengths = ends - starts
-        zeros = first == 0
-        if bool(zeros.any()):
-            zero_fills[k] = (starts[zeros], lengths[zeros])
         mapped = first >= 2
         starts, lengths, first, last = starts[mapped], lengths[mapped], first[mapped], last[mapped]
         if starts.numel() == 0:
@@ -240,6 +186,5 @@ def _decode(tensors, loaded, hf_tensors, bases) -> IndexMap:
             if count > 1 and bool((hf_start[1:] < hf_start[:-1] + length[:-1]).any()):
                 raise LearnError(f"deltasync.vllm: runtime tensor {rt_name} holds elements of {names[t_index]} "
                                  "twice; its weights cannot be updated in place")
-            per_name[names[t_index]].append(TargetRuns.build(k, hf_start.clone(), length.clone(), rt_start.clone()))
-    return IndexMap([n for n, _, _, _ in tensors], [t.data for _, _, _, t in tensors], dict(hf_tensors), per_name,
-                    zero_fills)
+            per_name[names[t_index]].append(TargetRuns(k, hf_start.clone(), length.clone(), rt_start.clone()))
+    return IndexMap([n for n, _, _, _ in tensors], [t.data for _, _, _, t in tensors], dict(hf_tensors), per_name)

