@@ -52,9 +52,11 @@ def step(model: dict[str, torch.Tensor], share: float, seed: int) -> int:
     for t in model.values():
         flat = t.view(-1).view(torch.int16)
         k = max(1, int(flat.numel() * share))
-        pos = torch.randint(0, flat.numel(), (k,), generator=g)
-        flat[pos] ^= torch.randint(1, 8, (k,), generator=g, dtype=torch.int16)
+        pos = torch.randint(0, flat.numel(), (k,), generator=g).to(t.device)
+        flat[pos] ^= torch.randint(1, 8, (k,), generator=g, dtype=torch.int16).to(t.device)
         changed += k
+    if any(t.is_cuda for t in model.values()):
+        torch.cuda.synchronize()  # the step is the trainer's work, not the publisher's
     return changed
 
 
@@ -67,11 +69,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--share", type=float, default=0.01)
     ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--device", default="cpu", help="where the trainer's and the follower's tensors live (cpu, cuda)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     shapes = qwen3_0_6b_shapes(args.layers)
-    trainer = random_model(shapes, 0)
+    trainer = {n: t.to(args.device) for n, t in random_model(shapes, 0).items()}
     follower = {n: t.clone() for n, t in trainer.items()}
     elements = sum(t.numel() for t in trainer.values())
     rows = []
@@ -95,6 +98,8 @@ def main() -> None:
             staged = time.perf_counter() - t0
             pub.flush()
             visible = time.perf_counter() - t0
+            if args.device != "cpu":
+                torch.cuda.synchronize()
             t1 = time.perf_counter()
             sub.update()
             subscribe = time.perf_counter() - t1
@@ -110,7 +115,8 @@ def main() -> None:
                              bit_identical=ok))
         pub.close()
 
-    print(f"package {Path(deltasync.__file__).parent}, {elements / 1e6:.1f}M bf16 elements, {args.share:.1%} changed per step")
+    print(f"package {Path(deltasync.__file__).parent}, {elements / 1e6:.1f}M bf16 elements on {args.device}, "
+          f"{args.share:.1%} changed per step")
     print(f"anchor (version 0): publish {anchor_staged * 1e3:.1f} ms, visible {anchor_visible * 1e3:.1f} ms, "
           f"subscribe {anchor_subscribe * 1e3:.1f} ms")
     cols = ["step", "changed", "delta_bytes", "publish_ms", "visible_ms", "subscribe_ms", "pause_ms",
