@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch  # noqa: E402  (scripts/requirements.txt: always installed by scripts/test)
+import transformers  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -25,8 +25,6 @@ NAMESPACE = "tester"
 
 @pytest.fixture(scope="module")
 def moto_s3():
-    pytest.importorskip("boto3")
-    pytest.importorskip("moto.server")
     server = start_signed_moto(BUCKET, aws_like_tokens=True)
     yield server
     server.stop()

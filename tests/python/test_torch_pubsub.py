@@ -351,7 +351,6 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident set size from /proc")
 def test_merged_away_deltas_are_freed_while_uploads_stall(http_store):
     """While the store hangs, every publish folds into the one pending delta; what was merged
     away must be freed at once, so memory stays at about one staged delta however many versions
