@@ -231,6 +231,7 @@ void Publisher::detach_anchor_from_shadow() {
   if (!source) return;  // uploaded already (or merged away)
   std::lock_guard<std::mutex> lock(source->mutex);
   if (!source->from_shadow) return;
+  std::lock_guard<std::mutex> engine_lock(engine_mutex_);
   std::vector<std::vector<uint8_t>> copy(tensors_.size());
   for (size_t t = 0; t < tensors_.size(); ++t) {
     copy[t].resize(tensors_[t].numel() * tensors_[t].width());
@@ -260,6 +261,9 @@ void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> curren
   auto job = std::make_unique<Job>();
   job->version = version;
   job->published_at = start;
+  // An anchor still streaming from the shadow gets its own copy before this encode moves the
+  // shadow on (takes the anchor's lock, then the engine's).
+  if (engine_->has_shadow()) detach_anchor_from_shadow();
   std::unique_lock<std::mutex> engine_lock(engine_mutex_);
   if (!engine_->has_shadow()) {
     // First version of this publisher: the shadow starts as a copy and the version is an anchor.
@@ -270,9 +274,6 @@ void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> curren
     job->has_delta = true;
     engine::EncodeRequest request;
     request.want_coded = format_ == DeltaFormat::Compact && engine_->device() != engine::Device::kCpu;
-    engine_lock.unlock();
-    detach_anchor_from_shadow();  // takes the anchor's then the engine's lock
-    engine_lock.lock();
     engine_->encode(current, request, job->staged);
     job->transfer.add(job->staged.transfer);
     if (low_byte) {
