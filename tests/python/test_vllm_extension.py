@@ -112,7 +112,7 @@ def test_update_requires_init_and_rejects_unknown_tensors(tmp_path):
     config = vs.Config()
     worker = Worker(vs.StandinForCausalLM(config))
     with pytest.raises(RuntimeError, match="deltasync_init"):
-        worker.deltasync_update()
+        vs.on_all_ranks([worker], "deltasync_update")
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and deltasync.has_cuda_ops()),
@@ -187,7 +187,7 @@ def test_runtime_dtype_other_than_the_checkpoints_is_refused_before_anything_is_
     with deltasync.DeltaPublisher(trainer, store=store) as pub:
         pub.publish(0)
     with pytest.raises(BadDeltaError, match=r"model\.embed_tokens\.weight is published as BF16 but served .* as F32"):
-        worker.deltasync_init(store)
+        vs.on_all_ranks([worker], "deltasync_init", store)
     for name, p in worker.model_runner.model.named_parameters():
         assert torch.equal(p.detach().view(torch.int32), before[name].view(torch.int32)), name
 

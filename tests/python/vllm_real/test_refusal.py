@@ -68,3 +68,22 @@ def test_failure_while_learning_leaves_every_byte_as_served(tmp_path):
         got = eng.runtime_params(llm)
     with eng.engine(checkpoints[0]) as fresh:
         eng.assert_same_params(got, eng.runtime_params(fresh), "version 0")
+
+
+def test_refusal_at_tp2_leaves_the_engine_serving(tmp_path):
+    """Both ranks refuse (their worker processes); the refusal is raised once every rank has
+    replied, so the multiprocess executor's replies stay in step: the engine keeps generating
+    the same tokens, and a later update call fails cleanly instead of reading a stale reply."""
+    store, _ = publish_versions(tmp_path, tm.qwen2_single_kv_head, "compact", 1)
+    start = tm.save(tm.make(tm.qwen2_single_kv_head, seed=1), tmp_path / "start")
+    with eng.engine(start, 2, keep_cpu_weights="prepacked-linears",
+                    weight_transfer_config={"backend": "deltasync"}) as llm:
+        served, params = eng.generate(llm), eng.runtime_params(llm)
+        with pytest.raises(Exception, match=r"runtime parameter \S+ is empty: vLLM moved"):
+            llm.init_weight_transfer_engine({"init_info": {"store": store}})
+        assert eng.generate(llm) == served
+        llm.start_weight_update()
+        with pytest.raises(RuntimeError, match=r"call init_weight_transfer_engine"):
+            llm.update_weights({"update_info": {"version": 0}})
+        eng.assert_same_params(eng.runtime_params(llm), params, "after the refusal")
+        assert eng.generate(llm) == served

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,35 @@ def test_server_follows_the_trainer_through_the_store(tmp_path, server_url):
     changed = {n for n, p in trainer.named_parameters() if not torch.equal(p.view(torch.int16), before[n].view(torch.int16))}
     moved = audit(engine, trainer, tmp_path / "unpublished")
     assert changed and set(moved["digests_differ"]) == changed and moved["loader_error"] is not None
+    sync.close()
+
+
+def wait_for_version(engine: VLLMServerEngine, version: int, seconds: float = 120) -> None:
+    give_up = time.monotonic() + seconds  # room for 2 shared cores, not a timing target
+    while engine.weight_version() != version:
+        assert time.monotonic() < give_up, f"the server serves {engine.weight_version()}, not {version}"
+        time.sleep(0.05)
+
+
+def test_server_follows_the_store_on_its_own_time(tmp_path, server_url):
+    """An idle server (no requests: its engine core waits on its input queue) told to follow an
+    empty store: the trainer only publishes; every version reaches the server's workers by itself."""
+    trainer = tm.make(tm.qwen3, seed=0)
+    tensors = len(list(trainer.parameters()))
+    store = f"file://{tmp_path / 'bucket'}"
+    sync = DeltaSync(store, engine=None, anchor_every=0)
+    engine = VLLMServerEngine(server_url, store)
+    engine.follow(poll_seconds=0.05)  # before the trainer published anything
+    for v in range(VERSIONS):
+        if v:
+            sparse_step(trainer, v)
+        sync.publish(trainer)
+        wait_for_version(engine, v)
+        assert not engine.is_paused()
+        assert_equal(audit(engine, trainer, tmp_path / f"v{v}"), v, tensors)
+    with pytest.raises(VLLMServerError, match="follow=.yes.: give true or false"):
+        engine.post("/init_weight_transfer_engine", {"init_info": {"store": store, "follow": "yes"}})
+    assert engine.weight_version() == VERSIONS - 1
     sync.close()
 
 

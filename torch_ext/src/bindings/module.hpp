@@ -11,5 +11,6 @@ void bind_errors(pybind11::module_& m);
 void bind_publisher(pybind11::module_& m);
 void bind_subscriber(pybind11::module_& m);
 void bind_mapped_receiver(pybind11::module_& m);
+void bind_store_watcher(pybind11::module_& m);
 
 }  // namespace deltasync::torch_ext

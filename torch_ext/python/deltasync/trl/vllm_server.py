@@ -10,7 +10,8 @@ The routes (vLLM >= 0.26, registered only with VLLM_SERVER_DEV_MODE=1): /init_we
 once, at the first update (the store must hold that version: set-up reads its anchor's headers);
 then per version POST /pause?mode=..., /start_weight_update, /update_weights, /finish_weight_update
 (which names the version GET /weight_info reports), /resume. `store` is the URL as the server
-sees it, which may differ from the trainer's (another mount, another endpoint). Standard library
+sees it, which may differ from the trainer's (another mount, another endpoint). Or, with
+follow(), the server follows the store by itself and the trainer only publishes. Standard library
 only: the trainer's environment needs nothing of vLLM's."""
 from __future__ import annotations
 
@@ -64,6 +65,18 @@ class VLLMServerEngine:
         # The server outlives the trainer: it keeps serving, and stays connected to the store (a
         # later trainer's engine connects again); disconnect() drops the connection.
         pass
+
+    def follow(self, poll_seconds: float = 1.0, max_staleness_seconds: float | None = None) -> None:
+        """Makes the server follow the store on its own time (deltasync/vllm/follow.py): it polls
+        the store every `poll_seconds` and brings its workers to each new version between engine
+        steps; with `max_staleness_seconds` it stops generating once it is that far behind a
+        version it has seen. The trainer then only publishes (DeltaSync(store, engine=None));
+        GET /weight_info (weight_version()) reports what the server serves."""
+        info = {"store": self.store, "follow": True, "poll_seconds": poll_seconds}
+        if max_staleness_seconds is not None:
+            info["max_staleness_seconds"] = max_staleness_seconds
+        self.post("/init_weight_transfer_engine", {"init_info": info})
+        self.connected = True
 
     def disconnect(self) -> None:
         """Drops the workers' store connection (POST /shutdown_weight_transfer_engine)."""

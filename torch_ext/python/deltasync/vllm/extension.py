@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from . import rank_failures
 from .worker_subscriber import WorkerSubscriber, tensor_parallel_group
 
 
@@ -46,15 +47,21 @@ class DeltaWorkerExtension:
         """(process group, rank) over which digest partials are summed."""
         return tensor_parallel_group()
 
-    def deltasync_init(self, store: str, version: int | None = None) -> dict:
+    # init and update keep a failure for the engine core instead of raising it (rank_failures.py:
+    # a raise on one rank desynchronizes vLLM's multiprocess executor); the engine core raises it.
+
+    def deltasync_init(self, store: str, version: int | None = None) -> dict | None:
+        return rank_failures.recorded(self, self._deltasync_start, store, version)
+
+    def _deltasync_start(self, store: str, version: int | None) -> dict:
         group, rank = self._deltasync_group()
         sub = WorkerSubscriber(worker_model(self), checkpoint=worker_checkpoint(self), group=group, rank=rank)
         report = sub.start(store, version)
         self._deltasync = sub
         return report
 
-    def deltasync_update(self, version: int | None = None) -> dict:
-        return self._deltasync_subscriber().update(version)
+    def deltasync_update(self, version: int | None = None) -> dict | None:
+        return rank_failures.recorded(self, lambda: self._deltasync_subscriber().update(version))
 
     def deltasync_poll(self) -> int | None:
         return self._deltasync_subscriber().poll()

@@ -1,0 +1,229 @@
+"""Following a store on the engine's own time: the workers brought to each new version between
+two engine steps, with no trainer call.
+
+    llm.init_weight_transfer_engine({"init_info": {"store": URL, "follow": True,
+                                                   "poll_seconds": 1.0, "max_staleness_seconds": 30}})
+
+(or the same JSON to /init_weight_transfer_engine of `vllm serve`). It runs in vLLM's engine
+core, the one process that sees every step:
+
+- a daemon thread asks the store for its newest version every `poll_seconds` (a conditional GET
+  of LATEST, StoreWatcher) and, when one is newer than the served one, wakes an idle engine
+  core (a WAKEUP on its input queue) so an engine with no requests follows too;
+- between two steps (before a step, and after each client request), the engine core brings every
+  worker to the newest version seen through vLLM's own weight-update session
+  (start_weight_update / update_weights / finish_weight_update: a session a user has open is
+  never interleaved, the follower waits for its end), labels the weights with it
+  (set_weight_version: every output's `weight_versions` spans and the /weight_info route report
+  it), and the plugin resets the prefix cache as after any deltasync update (plugin.py);
+- staleness is the time since the oldest version newer than the served one was first seen.
+  With `max_staleness_seconds` the engine schedules no step once that bound is passed (requests
+  wait: no token comes from weights staler than the bound) and retries every poll until the
+  update succeeds. Without it a failing update is retried every poll while the engine serves
+  the last version it reached.
+
+A failed update leaves each worker at a consistent version (the mapped receiver rolls back
+every rank together); the follower asks the workers which one and labels the weights with it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from .._library import native
+
+logger = logging.getLogger("deltasync.vllm.follow")
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    store: str
+    poll_seconds: float = 1.0
+    max_staleness_seconds: float | None = None
+
+    @staticmethod
+    def from_init_info(init_info: dict) -> "FollowOptions | None":
+        """The options of an init_info that asks to follow; None when it does not. A bad value
+        is refused (ValueError, one line) before anything starts."""
+        follow = init_info.get("follow", False)
+        if follow in (False, None):
+            return None
+        if follow is not True:
+            raise ValueError(f"deltasync: init_info follow={follow!r}: give true or false")
+        store = init_info.get("store")
+        poll = _seconds(init_info, "poll_seconds", 1.0)
+        bound = _seconds(init_info, "max_staleness_seconds", None)
+        if poll is None or poll <= 0:
+            raise ValueError(f"deltasync: init_info poll_seconds={init_info.get('poll_seconds')!r}: give seconds > 0")
+        if bound is not None and bound <= 0:
+            raise ValueError(f"deltasync: init_info max_staleness_seconds={bound!r}: give seconds > 0, or leave it out")
+        return FollowOptions(store, poll, bound)
+
+
+def _seconds(init_info: dict, key: str, default):
+    value = init_info.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"deltasync: init_info {key}={value!r}: give a number of seconds")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"deltasync: init_info {key}={value!r}: give a number of seconds") from None
+
+
+class StoreFollower:
+    """One engine core's follower. `between_steps()` is called by the engine core's own thread
+    only (plugin.py); the polling thread only reads the store and records what it saw."""
+
+    def __init__(self, core, options: FollowOptions, served: int | None = None):
+        self.core = core
+        self.options = options
+        self.watcher = native().StoreWatcher(options.store)
+        self.served = served                       # version every worker holds (None: not one yet)
+        self.updates = 0                           # versions brought in by the follower
+        self.last_update: dict | None = None       # the last one: version, seconds, staleness
+        self.last_error: str | None = None
+        self._seen: list[tuple[int, float]] = []   # (newest version, when first seen), ascending
+        self._lock = threading.Lock()
+        self._next_attempt = 0.0
+        self._stalled = False
+        self.updating = False                      # inside _update (its own update_weights call)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll_loop, name="deltasync-follow", daemon=True)
+        self._thread.start()
+
+    # -- the polling thread ------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                newest = self.watcher.newest()
+            except Exception as e:  # noqa: BLE001 - a store hiccup: logged, polled again
+                self._note_error(f"deltasync: following {self.options.store}: polling failed: {e}")
+                newest = None
+            if newest is not None:
+                with self._lock:
+                    if not self._seen or newest > self._seen[-1][0]:
+                        self._seen.append((newest, time.monotonic()))
+                # Behind: wake the engine core every poll (a new version, or a failed update's retry).
+                served = self.served
+                if served is None or newest > served:
+                    self._wake()
+            self._stop.wait(self.options.poll_seconds)
+
+    def _wake(self) -> None:
+        # An idle engine core blocks on its input queue; vLLM's own WAKEUP sentinel ends the wait
+        # and is otherwise ignored. The in-process engine core has no queue: it follows when stepped.
+        queue = getattr(self.core, "input_queue", None)
+        if queue is not None:
+            from vllm.v1.engine import EngineCoreRequestType
+
+            queue.put_nowait((EngineCoreRequestType.WAKEUP, None))
+
+    # -- the engine core's thread ------------------------------------------------------------
+
+    def newest_seen(self) -> int | None:
+        with self._lock:
+            return self._seen[-1][0] if self._seen else None
+
+    def staleness(self, now: float | None = None) -> float:
+        """Seconds since the oldest version newer than the served one was first seen (0: up to date)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            for version, seen_at in self._seen:
+                if self.served is None or version > self.served:
+                    return max(0.0, now - seen_at)
+        return 0.0
+
+    def between_steps(self, idle: bool = False) -> bool:
+        """Brings the workers to the newest version seen when one is due. Returns whether the
+        engine may step (False: the served weights are staler than the bound)."""
+        target = self.newest_seen()
+        if target is None or (self.served is not None and target <= self.served):
+            return True
+        now = time.monotonic()
+        if now >= self._next_attempt and self._batches_in_flight() == 0:
+            self._update(target)
+        bound = self.options.max_staleness_seconds
+        over = bound is not None and self.staleness() > bound
+        if over and not self._stalled:
+            logger.warning("deltasync: following %s: serving version %s, %.1f s behind version %d (bound %.1f s): "
+                           "no steps until it is served; last error: %s", self.options.store, self.served,
+                           self.staleness(), target, bound, self.last_error)
+        self._stalled = over
+        if over and not idle:
+            # The engine loops straight back into step(): wait for the next attempt here.
+            time.sleep(max(0.0, min(self.options.poll_seconds, self._next_attempt - time.monotonic())))
+        return not over
+
+    def after_external_update(self) -> None:
+        """A user's update_weights went through the same workers: learn where they are now."""
+        self.served = self._workers_version()
+
+    def status(self) -> dict:
+        return {"store": self.options.store, "served": self.served, "newest_seen": self.newest_seen(),
+                "staleness_seconds": self.staleness(), "stalled": self._stalled, "updates": self.updates,
+                "last_update": self.last_update, "last_error": self.last_error}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _batches_in_flight(self) -> int:
+        queue = getattr(self.core, "batch_queue", None)
+        return len(queue) if queue else 0
+
+    def _update(self, target: int) -> None:
+        self.updating = True
+        try:
+            self._update_to(target)
+        finally:
+            self.updating = False
+
+    def _update_to(self, target: int) -> None:
+        core = self.core
+        if any(state["updating"] for state in core.collective_rpc("deltasync_state")):
+            # A user's weight-update session is open (a start vLLM's workers would refuse): wait for its end.
+            self._retry_later(f"deltasync: following {self.options.store}: version {target} waits for an open "
+                              "weight-update session to finish")
+            return
+        staleness = self.staleness()
+        started = time.perf_counter()
+        core.collective_rpc("start_weight_update")
+        try:
+            core.collective_rpc("update_weights", kwargs={"update_info": {"version": target}})
+        except Exception as e:  # noqa: BLE001 - every rank rolled back; the session is closed (plugin.py)
+            before = self.served
+            self.served = self._workers_version()
+            if self.served is not None and self.served != before:
+                core.set_weight_version(str(self.served))
+            self._retry_later(f"deltasync: following {self.options.store}: version {target} failed "
+                              f"(serving {self.served}): {e}")
+            return
+        core.collective_rpc("finish_weight_update")
+        self.served = target
+        core.set_weight_version(str(target))
+        self.updates += 1
+        self.last_error = None
+        self._next_attempt = 0.0
+        with self._lock:
+            self._seen = [(v, t) for v, t in self._seen if v > target]
+        self.last_update = {"version": target, "seconds": time.perf_counter() - started, "staleness_seconds": staleness}
+        logger.info("deltasync: following %s: serving version %d (%.1f ms, %.2f s after it was seen)",
+                    self.options.store, target, 1e3 * self.last_update["seconds"], staleness)
+
+    def _workers_version(self) -> int | None:
+        versions = [state["version"] for state in self.core.collective_rpc("deltasync_state")]
+        return versions[0] if versions and all(v == versions[0] for v in versions) else None
+
+    def _retry_later(self, message: str) -> None:
+        self._note_error(message)
+        self._next_attempt = time.monotonic() + self.options.poll_seconds
+
+    def _note_error(self, message: str) -> None:
+        if message != self.last_error:
+            logger.warning("%s", message)
+        self.last_error = message
