@@ -91,6 +91,7 @@ class StoreFollower:
         self._next_attempt = 0.0
         self._stalled = False
         self.updating = False                      # inside _update (its own update_weights call)
+        self._holding = False                      # scheduling held for batches in flight to finish
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name="deltasync-follow", daemon=True)
         self._thread.start()
@@ -145,8 +146,15 @@ class StoreFollower:
         if target is None or (self.served is not None and target <= self.served):
             return True
         now = time.monotonic()
-        if now >= self._next_attempt and self._batches_in_flight() == 0:
+        if now >= self._next_attempt:
+            if self._work_in_flight():
+                # Async scheduling / pipeline parallelism: batches scheduled on the old weights
+                # are still executing. No new work is scheduled until they are done (this step
+                # and the next finish them); the update comes at the first step with none left.
+                self._hold_scheduling()
+                return True
             self._update(target)
+            self._release_scheduling()
         bound = self.options.max_staleness_seconds
         over = bound is not None and self.staleness() > bound
         if over and not self._stalled:
@@ -169,12 +177,30 @@ class StoreFollower:
                 "last_update": self.last_update, "last_error": self.last_error}
 
     def stop(self) -> None:
+        self._release_scheduling()
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def _batches_in_flight(self) -> int:
+    def _work_in_flight(self) -> bool:
+        """Batches with tokens scheduled and not yet processed (the engine core's batch queue,
+        used with async scheduling and pipeline parallelism; None otherwise)."""
         queue = getattr(self.core, "batch_queue", None)
-        return len(queue) if queue else 0
+        return bool(queue) and any(output.total_num_scheduled_tokens > 0 for _, output, _ in queue)
+
+    def _hold_scheduling(self) -> None:
+        from vllm.v1.core.sched.interface import PauseState
+
+        scheduler = self.core.scheduler
+        if not self._holding and scheduler.pause_state == PauseState.UNPAUSED:  # a user's pause stays theirs
+            scheduler.set_pause_state(PauseState.PAUSED_ALL)
+            self._holding = True
+
+    def _release_scheduling(self) -> None:
+        if self._holding:
+            from vllm.v1.core.sched.interface import PauseState
+
+            self.core.scheduler.set_pause_state(PauseState.UNPAUSED)
+            self._holding = False
 
     def _update(self, target: int) -> None:
         self.updating = True
@@ -211,7 +237,8 @@ class StoreFollower:
         self._next_attempt = 0.0
         with self._lock:
             self._seen = [(v, t) for v, t in self._seen if v > target]
-        self.last_update = {"version": target, "seconds": time.perf_counter() - started, "staleness_seconds": staleness}
+        self.last_update = {"version": target, "seconds": time.perf_counter() - started, "staleness_seconds": staleness,
+                            "served_at": time.monotonic()}
         logger.info("deltasync: following %s: serving version %d (%.1f ms, %.2f s after it was seen)",
                     self.options.store, target, 1e3 * self.last_update["seconds"], staleness)
 
