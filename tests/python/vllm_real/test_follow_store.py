@@ -1,7 +1,8 @@
 """A real vLLM engine following a deltasync store stays bit-identical to fresh vLLM loads.
 
 For each tiny model (dense Qwen3; Qwen3 with tied, padded embeddings; Qwen2 with q/k/v biases
-and one KV head replicated on both ranks at TP=2; Qwen3-MoE with fused experts) a trainer
+and one KV head replicated on both ranks at TP=2, through the backend and the worker extension;
+Qwen3-MoE with fused experts) a trainer
 publishes an anchor and sparse bf16 deltas, and saves each version as an HF checkpoint. The
 follower engine starts from another checkpoint, then follows the store version by version.
 The oracle for every version is a fresh vLLM engine loaded from that version's checkpoint:
@@ -77,6 +78,7 @@ CASES = [
     pytest.param(tm.qwen3, 1, "compact", "extension", id="qwen3-tp1-compact-extension"),
     pytest.param(tm.qwen3_tied, 1, "trl", "backend", id="qwen3-tied-padded-tp1-trl-backend"),
     pytest.param(tm.qwen2_single_kv_head, 2, "compact", "backend", id="qwen2-bias-1kv-tp2-compact-backend"),
+    pytest.param(tm.qwen2_single_kv_head, 2, "trl", "extension", id="qwen2-bias-1kv-tp2-trl-extension"),
     pytest.param(tm.qwen3_moe, 1, "compact", "extension", id="qwen3-moe-tp1-compact-extension"),
 ]
 
