@@ -12,11 +12,11 @@ import threading
 import time
 from pathlib import Path
 
-import torch
 
 import deltasync
 import engine as eng
 import tiny_models as tm
+from test_follow_store import sparse_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/python: store_tamper
 import store_tamper  # noqa: E402
@@ -24,15 +24,6 @@ import store_tamper  # noqa: E402
 BACKEND = {"weight_transfer_config": {"backend": "deltasync"}}
 POLL = 0.05
 DEADLINE = 120  # seconds allowed for the follower to catch up on this 2-core machine (not a timing target)
-
-
-def sparse_step(model: torch.nn.Module, step: int, share: float = 0.03) -> None:
-    g = torch.Generator().manual_seed(2000 + step)
-    with torch.no_grad():
-        for p in model.parameters():
-            bits = p.view(-1).view(torch.int16)
-            pick = (torch.rand(bits.numel(), generator=g) < share).nonzero().reshape(-1)
-            bits[pick] += torch.randint(1, 4, (pick.numel(),), generator=g, dtype=torch.int16)
 
 
 class Trainer:
