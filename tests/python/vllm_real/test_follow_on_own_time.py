@@ -12,7 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-
 import deltasync
 import engine as eng
 import tiny_models as tm
