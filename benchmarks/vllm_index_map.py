@@ -137,7 +137,8 @@ def _measure_in_worker(worker, hf, checkpoint, shares, repeat, store_dir):
                     p.copy_(o)
                 row = {"share": share, "changed": report["changed_elements"], "apply_s": report["apply_seconds"],
                        "pause_s": report["pause_seconds"], "map_s": report["map_seconds"],
-                       "scatter_s": report["scatter_seconds"], "vllm_s": vllm_s, "identical": same}
+                       "scatter_s": report["scatter_seconds"], "vllm_s": vllm_s, "identical": same,
+                       "stages": {k: v for k, v in report.items() if k.endswith("_seconds")}}
                 timed = ("apply_s", "pause_s", "map_s", "scatter_s", "vllm_s")
                 best = row if best is None else {**row, **{k: min(best[k], row[k]) for k in timed},
                                                  "identical": best["identical"] and same}

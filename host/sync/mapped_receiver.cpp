@@ -39,10 +39,14 @@ inline void copy_element(uint8_t* dst, const uint8_t* src, uint32_t width) {
   }
 }
 
+}  // namespace
+
 // A delta resolved against the map: what to write where, the bits it replaces, and the rows'
 // HF coordinates for the digests. Rows are every change of every HF tensor, in tensor order;
-// row r of tensor t sits at byte tensor_bytes[t] + (r - tensor_rows[t]) * width in the row arrays.
-struct Prepared {
+// row r of tensor t sits at byte tensor_bytes[t] + (r - tensor_rows[t]) * width in new_rows and
+// old_rows, so a segment's new and old bits are contiguous there: the scatter reads them in
+// place. Kept between deltas (its buffers' memory is not faulted in again for every delta).
+struct MappedReceiver::Prepared {
   integrity::DeltaDigests expected;
   std::vector<int64_t> row_index;       // per row: its HF flat index (ascending per tensor)
   std::vector<uint64_t> tensor_rows;    // first row of each HF tensor (T + 1)
@@ -50,18 +54,20 @@ struct Prepared {
   std::vector<uint8_t> new_rows;        // per row: the new bits
   std::vector<uint8_t> old_rows;        // per held row: the bits before (from its first write)
   std::vector<uint8_t> row_held;        // 1: the row is written somewhere on this rank
-  // Per runtime parameter with writes: positions ascending, the row of each, new and old bits.
-  std::vector<uint32_t> params;
-  std::vector<std::vector<int64_t>> positions;
-  std::vector<std::vector<uint64_t>> rows;
-  std::vector<std::vector<uint8_t>> new_bits, old_bits;
+  std::vector<int64_t> positions;       // runtime positions, segment after segment
+  std::vector<Segment> segments;        // by parameter, then runtime position
+  std::vector<uint8_t> gathered;        // old bits in segment order
   uint64_t elements = 0;
+
+  const uint8_t* bits(const std::vector<uint8_t>& rows, const Segment& g, uint32_t width) const {
+    return rows.data() + tensor_bytes[g.tensor] + (g.row0 - tensor_rows[g.tensor]) * width;
+  }
 };
 
-}  // namespace
+MappedReceiver::~MappedReceiver() = default;
 
 MappedReceiver::MappedReceiver(MappedModel model, engine::SyncEngine& engine, CombinePartials combine)
-    : model_(std::move(model)), engine_(engine), combine_(std::move(combine)) {
+    : model_(std::move(model)), engine_(engine), combine_(std::move(combine)), prepared_(std::make_unique<Prepared>()) {
   const size_t T = model_.hf.size(), P = model_.params.size();
   if (model_.params_meta.size() != P) throw Error("mapped receiver: parameters and their descriptions differ in number");
   targets_.assign(T, {});
@@ -155,6 +161,35 @@ void MappedReceiver::recompute_digests() {
   digests_ = std::move(partial);
 }
 
+MappedReceiver::ServedComparison MappedReceiver::compare_served(uint32_t t, std::span<const uint8_t> bytes) {
+  if (t >= model_.hf.size()) throw Error("mapped receiver: bad tensor index");
+  const TensorMeta& hf = model_.hf[t];
+  const uint32_t w = hf.width();
+  if (bytes.size() != hf.numel() * w)
+    throw BadInputError("tensor " + hf.name + ": " + std::to_string(bytes.size()) + " bytes to compare, the published tensor has " +
+                        std::to_string(hf.numel() * w));
+  ServedComparison out;
+  std::vector<uint8_t> buffer;
+  for (const MappedRuns* r : targets_[t]) {
+    const TensorRef& p = model_.params[r->param];
+    for (size_t k = 0; k < r->length.size(); ++k) {
+      const uint64_t n = static_cast<uint64_t>(r->length[k]) * w;
+      buffer.resize(n);
+      engine_.read(ConstTensorRef{p.name, p.data, p.numel, p.width}, static_cast<uint64_t>(r->rt_start[k]) * w, buffer);
+      const uint8_t* want = bytes.data() + static_cast<uint64_t>(r->hf_start[k]) * w;
+      if (std::memcmp(buffer.data(), want, n) != 0) {
+        uint64_t e = 0;
+        while (std::memcmp(buffer.data() + e * w, want + e * w, w) == 0) ++e;
+        out.differing_param = model_.params_meta[r->param].name;
+        out.hf_index = r->hf_start[k] + static_cast<int64_t>(e);
+        return out;
+      }
+      out.compared += static_cast<uint64_t>(r->length[k]);
+    }
+  }
+  return out;
+}
+
 void MappedReceiver::abandon() {
   if (!combine_) return;
   std::vector<uint64_t> partial(model_.hf.size() + 1, 0);
@@ -229,18 +264,15 @@ void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<con
   version_ = version;
 }
 
-namespace {
-
 // Resolves the file, checks the base, maps every change onto the runtime parameters and
-// gathers the bits it replaces. Nothing is written.
-Prepared prepare(const engine::DeltaToApply& delta, const MappedModel& model, const std::vector<std::vector<ParamRun>>& by_param,
-                 const std::optional<uint64_t>& version, const std::vector<uint64_t>& digests, engine::SyncEngine& engine,
-                 engine::TransferCounters& transfer, MappedTimings& timings) {
+// gathers the bits it replaces, into prepared_. Nothing is written.
+void MappedReceiver::prepare(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) {
   Laps lap;
+  Prepared& p = *prepared_;
+  const MappedModel& model = model_;
   const st::File& file = *delta.file;
   const std::string& label = file.label();
   const size_t T = model.hf.size();
-  Prepared p;
   std::vector<PatchRef> patches;
   compact::DecodedDelta decoded;
   ParsedDelta parsed;
@@ -260,13 +292,13 @@ Prepared prepare(const engine::DeltaToApply& delta, const MappedModel& model, co
   }
   p.expected = engine::delta_promises(delta, info);
   integrity::DigestMap current;
-  if (digests.size() == T)
-    for (size_t t = 0; t < T; ++t) current.emplace(model.hf[t].name, digests[t]);
+  if (digests_.size() == T)
+    for (size_t t = 0; t < T; ++t) current.emplace(model.hf[t].name, digests_[t]);
   for (size_t t = 0; t < T; ++t)
     if (patches[t].count && !(p.expected.base.contains(model.hf[t].name) && p.expected.result.contains(model.hf[t].name)))
       throw BadInputError(label + ": delta " + std::to_string(p.expected.model_version) + " changes tensor " + model.hf[t].name +
                           " but records no base/result digest for it");
-  integrity::check_base(p.expected, version, current);
+  integrity::check_base(p.expected, version_, current);
 
   // Rows: every change of every HF tensor, in tensor order.
   p.tensor_rows.assign(T + 1, 0);
@@ -290,73 +322,67 @@ Prepared prepare(const engine::DeltaToApply& delta, const MappedModel& model, co
     }
     std::memcpy(p.new_rows.data() + p.tensor_bytes[t], patch.values, patch.count * model.hf[t].width());
   }
-  lap.to(timings.parse);
+  lap.to(timings_.parse);
 
   // Map: each parameter's runs in runtime order, each taking the rows of its HF tensor that fall
-  // inside it (two binary searches per run): positions come out ascending, no sort.
-  for (size_t k = 0; k < by_param.size(); ++k) {
-    std::vector<int64_t> pos;
-    std::vector<uint64_t> row_of;
-    for (const ParamRun& r : by_param[k]) {
+  // inside it (two binary searches per run, one segment): positions come out ascending, no sort.
+  p.segments.clear();
+  uint64_t total = 0;
+  for (size_t k = 0; k < by_param_.size(); ++k)
+    for (const ParamRun& r : by_param_[k]) {
       const uint64_t first = p.tensor_rows[r.hf_tensor], last = p.tensor_rows[r.hf_tensor + 1];
       if (first == last) continue;
       const int64_t* begin = p.row_index.data() + first;
       const int64_t* end = p.row_index.data() + last;
       const int64_t* lo = std::lower_bound(begin, end, r.hf_start);
       const int64_t* hi = std::lower_bound(lo, end, r.hf_start + r.length);
-      const int64_t shift = r.rt_start - r.hf_start;
-      const uint64_t row0 = first + static_cast<uint64_t>(lo - begin);
-      const size_t at = pos.size(), n = static_cast<size_t>(hi - lo);
-      pos.resize(at + n);
-      row_of.resize(at + n);
-      for (size_t j = 0; j < n; ++j) {
-        pos[at + j] = lo[j] + shift;
-        row_of[at + j] = row0 + j;
-      }
+      if (lo == hi) continue;
+      p.segments.push_back(Segment{static_cast<uint32_t>(k), r.hf_tensor, first + static_cast<uint64_t>(lo - begin),
+                                   static_cast<uint64_t>(hi - lo), total, r.rt_start - r.hf_start});
+      total += static_cast<uint64_t>(hi - lo);
     }
-    if (pos.empty()) continue;
-    p.params.push_back(static_cast<uint32_t>(k));
-    p.positions.push_back(std::move(pos));
-    p.rows.push_back(std::move(row_of));
+  p.positions.resize(total);
+  for (const Segment& g : p.segments) {
+    const int64_t* in = p.row_index.data() + g.row0;
+    int64_t* out = p.positions.data() + g.first;
+    for (uint64_t j = 0; j < g.count; ++j) out[j] = in[j] + g.shift;
   }
-  lap.to(timings.map);
+  p.elements = total;
+  lap.to(timings_.map);
 
-  // Old bits at every write (one gather for all parameters), straight into old_bits.
+  // Old bits at every write (one gather for all segments).
   std::vector<ConstTensorRef> sources;
   std::vector<PatchRef> where;
   uint64_t gather_bytes = 0;
-  for (size_t j = 0; j < p.params.size(); ++j) {
-    const TensorRef& prm = model.params[p.params[j]];
+  for (const Segment& g : p.segments) {
+    const TensorRef& prm = model.params[g.param];
     sources.push_back(ConstTensorRef{prm.name, prm.data, prm.numel, prm.width});
-    where.push_back(PatchRef{p.positions[j].size(), p.positions[j].data(), 8, nullptr, prm.width});
-    gather_bytes += p.positions[j].size() * prm.width;
+    where.push_back(PatchRef{g.count, p.positions.data() + g.first, 8, nullptr, prm.width});
+    gather_bytes += g.count * prm.width;
   }
-  std::vector<uint8_t> gathered(gather_bytes);
-  if (!sources.empty()) engine.gather(sources, where, gathered, transfer);
-  lap.to(timings.gather);
+  p.gathered.resize(gather_bytes);
+  if (!sources.empty()) engine_.gather(sources, where, p.gathered, transfer);
+  lap.to(timings_.gather);
 
-  // Per row: its tensor's width and byte offset (rows of one tensor are contiguous).
-  std::vector<uint32_t> row_width_of_tensor(T);
-  for (size_t t = 0; t < T; ++t) row_width_of_tensor[t] = model.hf[t].width();
-  auto row_byte = [&](uint64_t row, uint32_t t) { return p.tensor_bytes[t] + (row - p.tensor_rows[t]) * row_width_of_tensor[t]; };
-  auto tensor_of = [&](uint64_t row) {
-    return static_cast<uint32_t>(std::upper_bound(p.tensor_rows.begin(), p.tensor_rows.end(), row) - p.tensor_rows.begin() - 1);
-  };
   // Old bits per row (from its first write) and, for the compact layout, the new bits rebased on them.
-  p.old_rows.assign(p.new_rows.size(), 0);
+  p.old_rows.resize(p.new_rows.size());
   p.row_held.assign(rows, 0);
   uint64_t at = 0;
-  for (size_t j = 0; j < p.params.size(); ++j) {
-    const uint32_t width = model.params[p.params[j]].width;
-    const auto& row_of = p.rows[j];
-    uint32_t t = row_of.empty() ? 0 : tensor_of(row_of[0]);
-    for (size_t k = 0; k < row_of.size(); ++k, at += width) {
-      const uint64_t row = row_of[k];
-      if (row < p.tensor_rows[t] || row >= p.tensor_rows[t + 1]) t = tensor_of(row);
-      if (p.row_held[row]) continue;
-      copy_element(p.old_rows.data() + row_byte(row, t), gathered.data() + at, width);
-      p.row_held[row] = 1;
+  for (const Segment& g : p.segments) {
+    const uint32_t w = model.params[g.param].width;
+    uint8_t* old = const_cast<uint8_t*>(p.bits(p.old_rows, g, w));
+    uint8_t* held = p.row_held.data() + g.row0;
+    if (std::all_of(held, held + g.count, [](uint8_t h) { return h == 0; })) {
+      std::memcpy(old, p.gathered.data() + at, g.count * w);
+      std::memset(held, 1, g.count);
+    } else {  // rows this rank writes twice (one HF element in two parameters): the first write's
+      for (uint64_t j = 0; j < g.count; ++j)
+        if (!held[j]) {
+          std::memcpy(old + j * w, p.gathered.data() + at + j * w, w);
+          held[j] = 1;
+        }
     }
+    at += g.count * w;
   }
   if (relative) {
     for (size_t t = 0; t < T; ++t) {
@@ -369,29 +395,13 @@ Prepared prepare(const engine::DeltaToApply& delta, const MappedModel& model, co
                              std::span<uint8_t>(p.new_rows.data() + off, n * w));
     }
   }
-  // Per parameter: the new and old bits in write order.
-  at = 0;
-  for (size_t j = 0; j < p.params.size(); ++j) {
-    const uint32_t width = model.params[p.params[j]].width;
-    const auto& row_of = p.rows[j];
-    std::vector<uint8_t> nb(row_of.size() * width), ob(gathered.begin() + at, gathered.begin() + at + row_of.size() * width);
-    uint32_t t = row_of.empty() ? 0 : tensor_of(row_of[0]);
-    for (size_t k = 0; k < row_of.size(); ++k) {
-      const uint64_t row = row_of[k];
-      if (row < p.tensor_rows[t] || row >= p.tensor_rows[t + 1]) t = tensor_of(row);
-      copy_element(nb.data() + k * width, p.new_rows.data() + row_byte(row, t), width);
-    }
-    at += row_of.size() * width;
-    p.new_bits.push_back(std::move(nb));
-    p.old_bits.push_back(std::move(ob));
-    p.elements += row_of.size();
-  }
-  lap.to(timings.pack);
-  return p;
+  lap.to(timings_.pack);
 }
 
+namespace {
+
 // Σ mix(i, new) − Σ mix(i, old) per HF tensor over the changed elements this rank owns.
-void owned_shifts(const Prepared& p, const MappedModel& model, std::vector<uint64_t>& partial) {
+void owned_shifts(const MappedReceiver::Prepared& p, const MappedModel& model, std::vector<uint64_t>& partial) {
   const size_t T = model.hf.size();
   std::vector<const OwnedRanges*> owned(T, nullptr);
   for (const OwnedRanges& o : model.owned) owned[o.hf_tensor] = &o;
@@ -430,15 +440,20 @@ void owned_shifts(const Prepared& p, const MappedModel& model, std::vector<uint6
   }
 }
 
-std::vector<PatchRef> patches_of(const Prepared& p, const std::vector<std::vector<uint8_t>>& bits, const MappedModel& model,
-                                 std::vector<TensorRef>& targets) {
-  std::vector<PatchRef> out;
-  targets.clear();
-  for (size_t j = 0; j < p.params.size(); ++j) {
-    targets.push_back(model.params[p.params[j]]);
-    out.push_back(PatchRef{p.positions[j].size(), p.positions[j].data(), 8, bits[j].data(), model.params[p.params[j]].width});
+// The scatter of every segment, its values read in place from `rows` (new_rows or old_rows).
+void scatter_segments(const MappedReceiver::Prepared& p, const std::vector<uint8_t>& rows, const MappedModel& model,
+                      engine::SyncEngine& engine, engine::TransferCounters& transfer) {
+  if (p.segments.empty()) return;
+  std::vector<TensorRef> targets;
+  std::vector<PatchRef> patches;
+  targets.reserve(p.segments.size());
+  patches.reserve(p.segments.size());
+  for (const MappedReceiver::Segment& g : p.segments) {
+    const TensorRef& prm = model.params[g.param];
+    targets.push_back(prm);
+    patches.push_back(PatchRef{g.count, p.positions.data() + g.first, 8, p.bits(rows, g, prm.width), prm.width});
   }
-  return out;
+  engine.scatter(targets, patches, transfer);
 }
 
 }  // namespace
@@ -450,14 +465,12 @@ uint64_t MappedReceiver::apply(const engine::DeltaToApply& delta, engine::Transf
   // rank (reported in the last slot) can never leave the others waiting in the all-reduce.
   std::vector<uint64_t> partial(T + 1, 0);
   std::exception_ptr failure;
-  Prepared p;
-  std::vector<TensorRef> targets;
+  const Prepared& p = *prepared_;
   bool written = false;
   try {
-    p = prepare(delta, model_, by_param_, version_, digests_, engine_, transfer, timings_);
+    prepare(delta, transfer);
     Laps lap;
-    const auto patches = patches_of(p, p.new_bits, model_, targets);
-    if (!patches.empty()) engine_.scatter(targets, patches, transfer);
+    scatter_segments(p, p.new_rows, model_, engine_, transfer);
     written = true;
     lap.to(timings_.scatter);
     owned_shifts(p, model_, partial);
@@ -469,9 +482,7 @@ uint64_t MappedReceiver::apply(const engine::DeltaToApply& delta, engine::Transf
   }
   Laps lap;
   auto roll_back = [&] {
-    if (!written) return;
-    const auto patches = patches_of(p, p.old_bits, model_, targets);
-    if (!patches.empty()) engine_.scatter(targets, patches, transfer);
+    if (written) scatter_segments(p, p.old_rows, model_, engine_, transfer);
   };
   try {
     if (combine_) combine_(partial);

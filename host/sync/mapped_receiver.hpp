@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -80,6 +81,7 @@ class MappedReceiver final : public Receiver {
   // dtype differs from a parameter it lands in (its bits are written as they are), or runs of
   // one parameter overlap.
   MappedReceiver(MappedModel model, engine::SyncEngine& engine, CombinePartials combine);
+  ~MappedReceiver() override;
 
   std::vector<TensorMeta> tensors() const override { return model_.hf; }
   std::optional<uint64_t> version() const override { return version_; }
@@ -99,9 +101,29 @@ class MappedReceiver final : public Receiver {
   // a delta's: both agree over T + 1 slots, the last one counting refusals).
   void abandon() override;
 
+  // Whether the runtime parameters hold `bytes` (hf[t]'s bits in host memory, e.g. the
+  // checkpoint the engine was started from) at every element of hf[t] this rank holds: read
+  // where the parameters live, nothing written. Throws BadInputError when the size differs.
+  struct ServedComparison {
+    std::string differing_param;  // empty: every held element equal
+    int64_t hf_index = -1;        // the first HF element that differs
+    uint64_t compared = 0;        // elements compared
+  };
+  ServedComparison compare_served(uint32_t t, std::span<const uint8_t> bytes);
+
   uint64_t map_runs() const;   // runs held (memory of the map: 24 bytes each)
   const MappedTimings& timings() const { return timings_; }
   void reset_timings() { timings_ = {}; }
+
+  // One stretch of a delta's writes: rows [row0, row0 + count) of HF tensor `tensor`
+  // (consecutive changes inside one run) into parameter `param` at positions[first, +count),
+  // each its HF index + shift.
+  struct Segment {
+    uint32_t param, tensor;
+    uint64_t row0, count, first;
+    int64_t shift;
+  };
+  struct Prepared;  // a delta resolved against the map (mapped_receiver.cpp)
 
  private:
   MappedModel model_;
@@ -110,6 +132,9 @@ class MappedReceiver final : public Receiver {
   std::vector<std::vector<const MappedRuns*>> targets_;  // per HF tensor: its runs, by parameter
   std::vector<std::vector<ParamRun>> by_param_;           // per parameter: its runs in runtime order
   MappedTimings timings_;
+  std::unique_ptr<Prepared> prepared_;  // reused from delta to delta
+
+  void prepare(const engine::DeltaToApply& delta, engine::TransferCounters& transfer);
   std::vector<bool> served_;                              // per HF tensor: false when in model_.unserved
   std::optional<uint64_t> version_;
   std::vector<uint64_t> digests_;
