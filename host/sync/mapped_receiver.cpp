@@ -161,35 +161,6 @@ void MappedReceiver::recompute_digests() {
   digests_ = std::move(partial);
 }
 
-MappedReceiver::ServedComparison MappedReceiver::compare_served(uint32_t t, std::span<const uint8_t> bytes) {
-  if (t >= model_.hf.size()) throw Error("mapped receiver: bad tensor index");
-  const TensorMeta& hf = model_.hf[t];
-  const uint32_t w = hf.width();
-  if (bytes.size() != hf.numel() * w)
-    throw BadInputError("tensor " + hf.name + ": " + std::to_string(bytes.size()) + " bytes to compare, the published tensor has " +
-                        std::to_string(hf.numel() * w));
-  ServedComparison out;
-  std::vector<uint8_t> buffer;
-  for (const MappedRuns* r : targets_[t]) {
-    const TensorRef& p = model_.params[r->param];
-    for (size_t k = 0; k < r->length.size(); ++k) {
-      const uint64_t n = static_cast<uint64_t>(r->length[k]) * w;
-      buffer.resize(n);
-      engine_.read(ConstTensorRef{p.name, p.data, p.numel, p.width}, static_cast<uint64_t>(r->rt_start[k]) * w, buffer);
-      const uint8_t* want = bytes.data() + static_cast<uint64_t>(r->hf_start[k]) * w;
-      if (std::memcmp(buffer.data(), want, n) != 0) {
-        uint64_t e = 0;
-        while (std::memcmp(buffer.data() + e * w, want + e * w, w) == 0) ++e;
-        out.differing_param = model_.params_meta[r->param].name;
-        out.hf_index = r->hf_start[k] + static_cast<int64_t>(e);
-        return out;
-      }
-      out.compared += static_cast<uint64_t>(r->length[k]);
-    }
-  }
-  return out;
-}
-
 void MappedReceiver::abandon() {
   if (!combine_) return;
   std::vector<uint64_t> partial(model_.hf.size() + 1, 0);
@@ -218,6 +189,12 @@ void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<con
     }
     for (const OwnedRanges& o : model_.owned) {
       const uint32_t w = model_.hf[o.hf_tensor].width();
+      // A tensor this rank owns whole: its partial is the digest the subscriber computed from
+      // these very bytes (verify_anchor), no second read.
+      if (o.start.size() == 1 && o.start[0] == 0 && static_cast<uint64_t>(o.length[0]) == meta[o.hf_tensor].numel()) {
+        partial[o.hf_tensor] = digests[o.hf_tensor];
+        continue;
+      }
       for (size_t k = 0; k < o.start.size(); ++k)
         partial[o.hf_tensor] += digest_slice(w, bytes[o.hf_tensor].data() + static_cast<uint64_t>(o.start[k]) * w,
                                              static_cast<uint64_t>(o.start[k]), static_cast<uint64_t>(o.length[k]));

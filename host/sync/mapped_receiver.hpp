@@ -101,16 +101,6 @@ class MappedReceiver final : public Receiver {
   // a delta's: both agree over T + 1 slots, the last one counting refusals).
   void abandon() override;
 
-  // Whether the runtime parameters hold `bytes` (hf[t]'s bits in host memory, e.g. the
-  // checkpoint the engine was started from) at every element of hf[t] this rank holds: read
-  // where the parameters live, nothing written. Throws BadInputError when the size differs.
-  struct ServedComparison {
-    std::string differing_param;  // empty: every held element equal
-    int64_t hf_index = -1;        // the first HF element that differs
-    uint64_t compared = 0;        // elements compared
-  };
-  ServedComparison compare_served(uint32_t t, std::span<const uint8_t> bytes);
-
   uint64_t map_runs() const;   // runs held (memory of the map: 24 bytes each)
   const MappedTimings& timings() const { return timings_; }
   void reset_timings() { timings_ = {}; }

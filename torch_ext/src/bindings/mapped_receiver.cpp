@@ -64,21 +64,6 @@ class MappedSubscriber final : public SubscriberBinding {
 
   uint64_t map_runs() const { return receiver_->map_runs(); }
 
-  // (differing runtime parameter or None, first differing HF element, elements compared) for
-  // HF tensor t against `tensor` (a CPU tensor of its dtype and shape).
-  py::tuple compare_served(uint32_t t, const at::Tensor& tensor) {
-    if (!tensor.device().is_cpu()) throw Error("compare_served: the tensor must be on the CPU");
-    const at::Tensor c = tensor.contiguous();
-    MappedReceiver::ServedComparison r;
-    {
-      py::gil_scoped_release nogil;
-      r = receiver_->compare_served(
-          t, std::span<const uint8_t>(static_cast<const uint8_t*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size())));
-    }
-    return py::make_tuple(r.differing_param.empty() ? py::object(py::none()) : py::object(py::str(r.differing_param)), r.hf_index,
-                          r.compared);
-  }
-
   // Seconds per stage since the last call (then reset).
   py::dict take_timings() {
     const MappedTimings t = receiver_->timings();
@@ -134,9 +119,6 @@ void bind_mapped_receiver(py::module_& m) {
            py::arg("store"), py::arg("hf"), py::arg("param_names"), py::arg("params"), py::arg("runs"), py::arg("owned"),
            py::arg("unserved"), py::arg("combine"), py::arg("log") = py::none())
       .def_property_readonly("map_runs", &MappedSubscriber::map_runs)
-      .def("compare_served", &MappedSubscriber::compare_served, py::arg("tensor_index"), py::arg("tensor"),
-           "(differing runtime parameter or None, first differing element, elements compared): whether the runtime "
-           "parameters hold `tensor` at every element of published tensor `tensor_index` this rank holds.")
       .def("take_timings", &MappedSubscriber::take_timings,
            "Seconds per stage of the applies since the last call: parse, map (HF -> runtime positions), gather, "
            "pack, scatter, digest; anchor_check, anchor_write, anchor_audit.");

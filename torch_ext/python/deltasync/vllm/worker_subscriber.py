@@ -6,8 +6,7 @@ the collective_rpc worker extension (extension.py) drive:
     sub.update(version=None)   # anchor and/or deltas in place, newest by default
 
 connect() decides, before anything is written, whether the model can be updated in place
-(updatable.py: refused layers up front; then the served weights compared, through the index maps
-learned on twins (index_map.py), with the checkpoint the engine started from); every update runs in the
+(updatable.py) and learns the index maps on twins (index_map.py); every update then runs in the
 C++ mapped receiver (receiver.py -> host/sync/mapped_receiver.hpp): fetched, verified per rank and
 summed over the tensor-parallel group, mapped, applied in place, rolled back on every rank on a
 failure.
@@ -23,7 +22,7 @@ from .._library import native
 from ..subscriber import DeltaSubscriber, UpdateReport
 from .index_map import IndexMap, learn_index_maps
 from .receiver import mapped_subscriber
-from .updatable import check_served_through_map, checkpoint_files, refuse_if_not_updatable
+from .updatable import check_served_weights, checkpoint_files, refuse_if_not_updatable
 
 
 def tensor_parallel_group():
@@ -73,17 +72,16 @@ class WorkerSubscriber:
         tensors of the anchor the catch-up to `version` starts from. Writes nothing."""
         started = time.perf_counter()
         refuse_if_not_updatable(self.model)
+        files = checkpoint_files(self.checkpoint)
+        compared = check_served_weights(self.model, files) if files else 0
+        checked = time.perf_counter()
         imap = learn_index_maps(self.model, published_tensors(store, version))
         learned = time.perf_counter()
         native_sub = mapped_subscriber(store, imap, group=self.group, rank=self.rank)
-        files = checkpoint_files(self.checkpoint)
-        checked = time.perf_counter()
-        compared = check_served_through_map(native_sub, list(imap.hf_tensors), files) if files else 0
-        checked = time.perf_counter() - checked
         self.subscriber = DeltaSubscriber(None, store=store, _native=native_sub)
         self.mapped = native_sub
         self.index_map = imap
-        self.connect_report = {"check_seconds": checked, "learn_seconds": learned - started,
+        self.connect_report = {"check_seconds": checked - started, "learn_seconds": learned - checked,
                                "connect_seconds": time.perf_counter() - started, "served_weights_checked": compared,
                                "index_map": imap.describe(), "index_map_bytes": imap.bytes(),
                                "map_runs": native_sub.map_runs}
