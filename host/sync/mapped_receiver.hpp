@@ -3,7 +3,9 @@
 // padded. Where each published ("HF") element lives is given once as runs (learned from the
 // engine's own loaders, torch_ext/python/deltasync/vllm/index_map.py); every delta is then applied
 // in O(changed): positions mapped through the runs, old bits gathered where the parameters live,
-// new bits (rebased for the compact layout) scattered, digests verified.
+// new bits (rebased for the compact layout) scattered, digests verified. An anchor is written
+// through the same runs (every element), all or nothing across the ranks: checked in host memory
+// and agreed by every rank before any rank writes.
 //
 // Digests under parallelism: a tensor's digest is Σ mix(i, bits_i) mod 2^64 over its HF
 // elements, so each rank hashes the elements it *owns* -- the HF elements it holds, each
@@ -13,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -51,37 +54,77 @@ struct MappedModel {
 
 // Sums per-tensor partial digests (mod 2^64) across the ranks in place.
 using CombinePartials = std::function<void(std::span<uint64_t>)>;
-// Writes a whole anchor into the runtime parameters (the engine's own loader); bytes[t] holds
-// hf[t]'s bits in host memory.
-using LoadFull = std::function<void(std::span<const TensorMeta>, std::span<const std::span<const uint8_t>>)>;
+
+// Where the last applies' seconds went (summed until reset): the mapping of HF positions onto
+// runtime positions against the scatter that writes them, and the rest of the pipeline.
+struct MappedTimings {
+  double parse = 0;    // delta file -> positions and values (compact decode or TRL parse), base check
+  double map = 0;      // HF positions -> runtime positions through the runs
+  double gather = 0;   // the bits each write replaces
+  double pack = 0;     // per-row old bits, compact rebase, new bits in write order
+  double scatter = 0;  // the new bits into the runtime parameters
+  double digest = 0;   // owned digest shifts, the all-reduce, the result check
+  double anchor_check = 0;  // an anchor's owned digests in host memory, agreed across the ranks
+  double anchor_write = 0;  // its bytes into the runtime parameters, run by run
+  double anchor_audit = 0;  // digests recomputed from the runtime parameters
+};
+
+// One run as its parameter sees it (a parameter's runs are kept sorted by rt_start, disjoint).
+struct ParamRun {
+  uint32_t hf_tensor;
+  int64_t hf_start, length, rt_start;
+};
 
 class MappedReceiver final : public Receiver {
  public:
   // Throws Error naming the tensor when a run leaves its parameter or HF tensor, an HF tensor's
   // dtype differs from a parameter it lands in (its bits are written as they are), or runs of
   // one parameter overlap.
-  MappedReceiver(MappedModel model, engine::SyncEngine& engine, CombinePartials combine, LoadFull load_full);
+  MappedReceiver(MappedModel model, engine::SyncEngine& engine, CombinePartials combine);
+  ~MappedReceiver() override;
 
   std::vector<TensorMeta> tensors() const override { return model_.hf; }
   std::optional<uint64_t> version() const override { return version_; }
   std::vector<uint64_t> digests() const override { return digests_; }
   // Partials over the owned runs (read where the parameters live), combined across ranks.
   void recompute_digests() override;
-  // Through the engine's loader, then audited: the recomputed digests must equal the anchor's
-  // (so a map or loader that does not reproduce the published bits is caught at once).
+  // Every HF element written through the runs, all or nothing: the anchor's owned digests are
+  // computed from its host bytes and combined with every rank's verdict before anything is
+  // written; a refusal anywhere (this rank's check, another rank's, abandon() on another rank)
+  // leaves every rank's parameters as they were. Then written run by run and audited: the
+  // digests recomputed from the parameters must equal the anchor's. Runtime elements no HF
+  // element maps to (vocabulary padding a loader zero-filled, buffers) are left as they are.
   void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
                    std::span<const uint64_t> digests, uint64_t version) override;
   uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) override;
+  // This rank's refusal in the agreement the other ranks hold for the same step (an anchor's or
+  // a delta's: both agree over T + 1 slots, the last one counting refusals).
+  void abandon() override;
 
   uint64_t map_runs() const;   // runs held (memory of the map: 24 bytes each)
+  const MappedTimings& timings() const { return timings_; }
+  void reset_timings() { timings_ = {}; }
+
+  // One stretch of a delta's writes: rows [row0, row0 + count) of HF tensor `tensor`
+  // (consecutive changes inside one run) into parameter `param` at positions[first, +count),
+  // each its HF index + shift.
+  struct Segment {
+    uint32_t param, tensor;
+    uint64_t row0, count, first;
+    int64_t shift;
+  };
+  struct Prepared;  // a delta resolved against the map (mapped_receiver.cpp)
 
  private:
-  struct Layer;
   MappedModel model_;
   engine::SyncEngine& engine_;
   CombinePartials combine_;
-  LoadFull load_full_;
   std::vector<std::vector<const MappedRuns*>> targets_;  // per HF tensor: its runs, by parameter
+  std::vector<std::vector<ParamRun>> by_param_;           // per parameter: its runs in runtime order
+  MappedTimings timings_;
+  std::unique_ptr<Prepared> prepared_;  // reused from delta to delta
+
+  void prepare(const engine::DeltaToApply& delta, engine::TransferCounters& transfer);
   std::vector<bool> served_;                              // per HF tensor: false when in model_.unserved
   std::optional<uint64_t> version_;
   std::vector<uint64_t> digests_;

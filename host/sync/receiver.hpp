@@ -43,6 +43,12 @@ class Receiver {
   // success version() == delta.model_version and the digests advanced; on failure throws with
   // the weights bit-for-bit as before. Returns the elements written here.
   virtual uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) = 0;
+
+  // This rank failed a step before handing it to the receiver (a fetch, an anchor's
+  // verification, a delta file that does not parse). A receiver whose ranks agree before they
+  // write (the mapped receiver over a tensor-parallel group) takes part in that step's agreement
+  // as a refusal, so no rank writes and none waits for this one; others have nothing to do.
+  virtual void abandon() {}
 };
 
 // Tensors the caller owns, in the memory `engine` runs on (the engine outlives the receiver).

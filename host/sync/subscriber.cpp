@@ -165,8 +165,18 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
     chain.push_back(m);
     objects.push_back(*m->delta);
   }
+  // A failure of this rank's own (fetch, verification, parse) before a step reaches the weights
+  // is the receiver's to hear of too: its other ranks may be waiting to agree on that step.
+  auto before_weights = [&weights](auto&& step) {
+    try {
+      return step();
+    } catch (...) {
+      weights.abandon();
+      throw;
+    }
+  };
   auto t0 = Clock::now();
-  auto fetched = fetch_all(objects, report);
+  auto fetched = before_weights([&] { return fetch_all(objects, report); });
   report.fetch_seconds += seconds_since(t0);
   auto t1 = Clock::now();
   size_t next = 0;
@@ -175,8 +185,11 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
                                             std::make_move_iterator(fetched.begin() + anchor->anchor_parts.size()));
     next = anchor->anchor_parts.size();
     // Every part is parsed and hashed before the first byte reaches the weights.
-    VerifiedAnchor verified = verify_anchor(*anchor, std::move(parts), store_.describe(protocol::manifest_key(anchor->version)));
-    order_like(verified, weights.tensors(), anchor->version);
+    VerifiedAnchor verified = before_weights([&] {
+      VerifiedAnchor v = verify_anchor(*anchor, std::move(parts), store_.describe(protocol::manifest_key(anchor->version)));
+      order_like(v, weights.tensors(), anchor->version);
+      return v;
+    });
     const auto w0 = Clock::now();
     weights.load_anchor(verified.tensors, verified.bytes, verified.digests, anchor->version);
     report.pause_seconds += seconds_since(w0);
@@ -184,7 +197,8 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
     for (const auto& t : verified.tensors) report.applied_elements += t.numel();
   }
   for (const auto* m : chain) {
-    const st::File file = st::File::from_bytes(std::move(fetched[next++]), store_.describe(m->delta->key));
+    const st::File file =
+        before_weights([&] { return st::File::from_bytes(std::move(fetched[next++]), store_.describe(m->delta->key)); });
     const engine::DeltaToApply delta{&file, m->version, m->base_version};
     const auto w0 = Clock::now();
     report.applied_elements += weights.apply(delta, report.transfer);

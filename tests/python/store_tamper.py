@@ -54,3 +54,23 @@ def tamper_base_digest(store_dir: Path, version: int, tensor: str) -> None:
         base[tensor] = bump_digest(base[tensor])
         md["base_digests"] = json.dumps(base, separators=(",", ":"))
     rewrite_delta(store_dir, version, edit)
+
+
+def tamper_anchor_tensor(store_dir: Path, version: int, tensor: str) -> None:
+    """One bit of `tensor` flipped in the anchor part of `version` that holds it, the manifest's
+    SHA-256 of that part made to agree: the fetch succeeds, the anchor's verification must fail."""
+    manifest_path = _manifest_path(store_dir, version)
+    manifest = json.loads(manifest_path.read_text())
+    for part in manifest["anchor_parts"]:
+        path = store_dir / part["key"]
+        raw = bytearray(path.read_bytes())
+        (header_len,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8:8 + header_len])
+        if tensor not in header:
+            continue
+        raw[8 + header_len + header[tensor]["data_offsets"][0]] ^= 1
+        path.write_bytes(bytes(raw))
+        part["sha256"] = hashlib.sha256(raw).hexdigest()
+        manifest_path.write_text(json.dumps(manifest))
+        return
+    raise KeyError(f"{tensor} is in no anchor part of version {version}")

@@ -1,8 +1,11 @@
 """The vLLM receiver refuses a delta whose result digest is wrong, or that was made for another
-base, inside the worker at TP=1 and TP=2 (the stand-in, ranks on threads over real gloo groups):
-every rank raises, and every rank's runtime parameters are bit for bit what they were."""
+base, and an anchor that fails its verification on one rank, inside the worker at TP=1 and TP=2
+(the stand-in, ranks on threads over real gloo groups): every rank raises, and every rank's
+runtime parameters are bit for bit what they were."""
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import store_tamper  # noqa: E402
 import vllm_standin as vs  # noqa: E402
 
 import deltasync  # noqa: E402
-from deltasync.errors import IntegrityError, WrongBaseError  # noqa: E402
+from deltasync.errors import DeltaSyncError, IntegrityError, WrongBaseError  # noqa: E402
 from deltasync.vllm import DeltaWorkerExtension  # noqa: E402
 
 Worker = vs.make_worker_class(DeltaWorkerExtension)
@@ -51,6 +54,66 @@ def test_a_tampered_delta_is_refused_on_every_rank_with_the_weights_unchanged(tm
         expected, message = WrongBaseError, "model.embed_tokens.weight"
     with pytest.raises(expected, match=message):
         vs.on_all_ranks(workers, "deltasync_update")
+    for rank, (w, bits) in enumerate(zip(workers, before)):
+        for n, p in w.model_runner.model.named_parameters():
+            assert torch.equal(p.detach().view(torch.int16), bits[n].view(torch.int16)), f"rank {rank}: {n}"
+        assert w.deltasync_version() == 0
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_an_anchor_refused_on_one_rank_writes_nothing_on_any_rank(tmp_path, tp_size):
+    # The last rank reads a copy of the store whose anchor has a flipped bit (its SHA-256 made
+    # to agree, so the fetch succeeds and the anchor's verification fails): that rank refuses, so
+    # no rank writes, in the first try and in the recovery from the same anchor. Every rank keeps
+    # the weights its engine started with.
+    config = vs.Config()
+    trainer = vs.HFModel(config, seed=0)
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    with deltasync.DeltaPublisher(trainer, store=f"file://{good}") as pub:
+        pub.publish(0)
+        pub.flush()
+    shutil.copytree(good, bad)
+    store_tamper.tamper_anchor_tensor(bad, 0, "model.layers.1.mlp.down_proj.weight")
+    workers = vs.make_workers(Worker, config, tp_size)
+    stores = [f"file://{good}"] * (tp_size - 1) + [f"file://{bad}"]
+    before = [runtime_bits(w) for w in workers]
+    message = "does not match" if tp_size == 1 else "refused by 1 other rank"
+    with pytest.raises(DeltaSyncError, match=message):
+        vs.on_threads([lambda w=w, s=s: w.deltasync_init(s) for w, s in zip(workers, stores)])
+    for rank, (w, bits) in enumerate(zip(workers, before)):
+        for n, p in w.model_runner.model.named_parameters():
+            assert torch.equal(p.detach().view(torch.int16), bits[n].view(torch.int16)), f"rank {rank}: {n}"
+        # What the refusal kept out was a real update: the anchor differs from the start weights.
+        wanted = vs.reference_runtime_params(config, vs.TP(rank, tp_size), dict(trainer.named_parameters()))
+        assert any(not torch.equal(wanted[n].view(torch.int16), bits[n].view(torch.int16)) for n in wanted)
+
+
+def test_a_delta_one_rank_cannot_fetch_is_refused_on_every_rank(tmp_path):
+    # The last rank's copy of the store holds delta 1 with a flipped byte (its SHA-256 fails):
+    # that rank refuses the step it cannot fetch (abandon), so the other rank, already applying
+    # the delta, rolls it back; the recovery from anchor 0 fails on that rank again, and every
+    # rank ends where it was, at version 0.
+    config = vs.Config()
+    trainer = vs.HFModel(config, seed=0)
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    with deltasync.DeltaPublisher(trainer, store=f"file://{good}", anchor_every=0) as pub:
+        pub.publish(0)
+        pub.flush()
+        with torch.no_grad():
+            trainer.model.embed_tokens.weight.view(torch.int16)[[1, config.vocab_size - 2], 3] += 1
+        pub.publish(1)
+    shutil.copytree(good, bad)
+    manifest = json.loads((bad / "manifests" / f"{1:020d}.json").read_text())
+    delta = bad / manifest["delta"]["key"]
+    raw = bytearray(delta.read_bytes())
+    raw[-1] ^= 1
+    delta.write_bytes(bytes(raw))
+    workers = vs.make_workers(Worker, config, 2)
+    stores = [f"file://{good}", f"file://{bad}"]
+    vs.on_threads([lambda w=w, s=s: w.deltasync_init(s, 0) for w, s in zip(workers, stores)])
+    before = [runtime_bits(w) for w in workers]
+    with pytest.raises(DeltaSyncError, match="refused by 1 other rank"):
+        vs.on_threads([lambda w=w: w.deltasync_update(1) for w in workers])
     for rank, (w, bits) in enumerate(zip(workers, before)):
         for n, p in w.model_runner.model.named_parameters():
             assert torch.equal(p.detach().view(torch.int16), bits[n].view(torch.int16)), f"rank {rank}: {n}"

@@ -193,14 +193,16 @@ class DecoderLayer(nn.Module):
 
 
 class StandinForCausalLM(nn.Module):
-    """Qwen2-shaped, with vLLM's runtime parameter layout."""
+    """Qwen2-shaped, with vLLM's runtime parameter layout. Like a vLLM engine, it starts with
+    weights loaded (those of HFModel(config, seed=start_seed)): the loaders zero-fill the
+    vocabulary padding then, which deltasync's anchors leave as they are."""
 
     stacked_params_mapping = [
         ("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
         ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1),
     ]
 
-    def __init__(self, config: Config, tp: TP = TP(), dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, config: Config, tp: TP = TP(), dtype: torch.dtype = torch.bfloat16, start_seed: int = 1):
         super().__init__()
         self.config = config
         self.model = nn.Module()
@@ -211,6 +213,8 @@ class StandinForCausalLM(nn.Module):
             self.lm_head = self.model.embed_tokens
         else:
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, dtype)
+        with torch.no_grad():
+            self.load_weights(HFModel(config, dtype, seed=start_seed).named_parameters())
 
     def load_weights(self, weights) -> set[str]:
         params = dict(self.named_parameters())

@@ -1,13 +1,21 @@
 """Set-up is failure-safe on real vLLM: a model whose weights cannot be updated in place is
-refused up front with a one-line reason, and an engine whose set-up fails half way serves
-exactly what it served before (every runtime parameter, bit for bit, and the same tokens)."""
+refused up front with a one-line reason, and an engine whose set-up fails half way, or whose
+anchor fails its verification, serves exactly what it served before (every runtime parameter,
+bit for bit, and the same tokens)."""
 from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
 import engine as eng
 import tiny_models as tm
 from test_follow_store import publish_versions
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+import store_tamper  # noqa: E402
 
 EXTENSION = "deltasync.vllm.DeltaWorkerExtension"
 
@@ -87,3 +95,26 @@ def test_refusal_at_tp2_leaves_the_engine_serving(tmp_path):
             llm.update_weights({"update_info": {"version": 0}})
         eng.assert_same_params(eng.runtime_params(llm), params, "after the refusal")
         assert eng.generate(llm) == served
+
+
+def test_anchor_that_fails_verification_leaves_every_byte_as_served(tmp_path):
+    # The anchor's part has a flipped bit (its SHA-256 made to agree: the fetch succeeds, the
+    # anchor's own digests refuse it). Anchors are written through the index map only after
+    # they verified, so the engine serves exactly what it served before; and once the store holds
+    # a good anchor, the same engine sets up and serves that version bit-identical to a fresh load.
+    store, checkpoints = publish_versions(tmp_path, tm.qwen3, "compact", 1)
+    folder = Path(store.removeprefix("file://"))
+    good = tmp_path / "good"
+    shutil.copytree(folder, good)
+    store_tamper.tamper_anchor_tensor(folder, 0, "model.layers.0.mlp.down_proj.weight")
+    with eng.engine(tm.save(tm.make(tm.qwen3, seed=1), tmp_path / "start"), worker_extension_cls=EXTENSION) as llm:
+        served, params = eng.generate(llm), eng.runtime_params(llm)
+        with pytest.raises(Exception, match="does not match"):
+            llm.collective_rpc("deltasync_init", args=(store,))
+        eng.assert_same_params(eng.runtime_params(llm), params, "after the refused anchor")
+        assert eng.generate(llm) == served
+        llm.collective_rpc("deltasync_init", args=(f"file://{good}",))
+        llm.reset_prefix_cache()
+        got = eng.runtime_params(llm)
+    with eng.engine(checkpoints[0]) as fresh:
+        eng.assert_same_params(got, eng.runtime_params(fresh), "version 0")

@@ -1,8 +1,10 @@
 // Binding of the mapped receiver (sync/mapped_receiver.hpp) for inference engines (vLLM): the
-// Python side learns the index map through the engine's own loaders and passes it in as runs,
-// with the runtime parameters, the ownership of replicated elements, the all-reduce that
-// combines per-rank digest partials, and the engine's loader for anchors. Fetching, verifying,
-// mapping and the transactional apply run in C++.
+// Python side learns the index map through the engine's own loaders (the runs found in C++,
+// probe_runs below) and passes it in as runs, with the runtime parameters, the ownership of
+// replicated elements and the all-reduce that combines per-rank digest partials. Fetching,
+// verifying, mapping and the transactional apply of anchors and deltas run in C++.
+#include <cstring>
+
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
@@ -14,6 +16,7 @@
 #include "bindings/tensor_set.hpp"
 #include "core/error.hpp"
 #include "sync/mapped_receiver.hpp"
+#include "sync/probe_runs.hpp"
 
 namespace py = pybind11;
 
@@ -26,17 +29,6 @@ std::vector<int64_t> int64_list(const at::Tensor& t, const char* what) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-c10::ScalarType scalar_type_of(DType d) {
-  switch (d) {
-    case DType::BF16: return at::kBFloat16;
-    case DType::F16: return at::kHalf;
-    case DType::F32: return at::kFloat;
-    case DType::F8_E4M3: return at::kFloat8_e4m3fn;
-    case DType::F8_E5M2: return at::kFloat8_e5m2;
-    default: throw Error("mapped receiver: no torch dtype for " + std::string(dtype_name(d)));
-  }
-}
-
 using RunTuple = std::tuple<uint32_t, uint32_t, at::Tensor, at::Tensor, at::Tensor>;
 using OwnedTuple = std::tuple<uint32_t, at::Tensor, at::Tensor>;
 using HfTuple = std::tuple<std::string, std::string, std::vector<uint64_t>>;
@@ -45,7 +37,7 @@ class MappedSubscriber final : public SubscriberBinding {
  public:
   MappedSubscriber(const std::string& store, const std::vector<HfTuple>& hf, const std::vector<std::string>& param_names,
                    const std::vector<at::Tensor>& params, const std::vector<RunTuple>& runs, const std::vector<OwnedTuple>& owned,
-                   const std::vector<uint32_t>& unserved, py::object combine, py::object load_full, py::object log)
+                   const std::vector<uint32_t>& unserved, py::object combine, py::object log)
       : SubscriberBinding(store, std::move(log)), set_(tensor_set(param_names, params, "deltasync.vllm receiver")) {
     MappedModel model;
     for (const auto& [name, dtype, shape] : hf) {
@@ -62,7 +54,7 @@ class MappedSubscriber final : public SubscriberBinding {
       model.owned.push_back(OwnedRanges{hf_i, int64_list(start, "owned start"), int64_list(length, "owned length")});
     model.unserved = unserved;
     engine_ = engine_for(set_, {});
-    receiver_ = std::make_unique<MappedReceiver>(std::move(model), *engine_, combiner(std::move(combine)), loader(std::move(load_full)));
+    receiver_ = std::make_unique<MappedReceiver>(std::move(model), *engine_, combiner(std::move(combine)));
   }
   ~MappedSubscriber() override {
     py::gil_scoped_release nogil;
@@ -71,6 +63,23 @@ class MappedSubscriber final : public SubscriberBinding {
   }
 
   uint64_t map_runs() const { return receiver_->map_runs(); }
+
+  // Seconds per stage since the last call (then reset).
+  py::dict take_timings() {
+    const MappedTimings t = receiver_->timings();
+    receiver_->reset_timings();
+    py::dict d;
+    d["parse_seconds"] = t.parse;
+    d["map_seconds"] = t.map;
+    d["gather_seconds"] = t.gather;
+    d["pack_seconds"] = t.pack;
+    d["scatter_seconds"] = t.scatter;
+    d["digest_seconds"] = t.digest;
+    d["anchor_check_seconds"] = t.anchor_check;
+    d["anchor_write_seconds"] = t.anchor_write;
+    d["anchor_audit_seconds"] = t.anchor_audit;
+    return d;
+  }
 
  private:
   Receiver& receiver() override { return *receiver_; }
@@ -95,23 +104,6 @@ class MappedSubscriber final : public SubscriberBinding {
     };
   }
 
-  // The engine's loader for full weights: called with (name, tensor) pairs whose tensors view
-  // the verified host bytes (valid during the call).
-  static LoadFull loader(py::object fn) {
-    auto holder = hold_with_gil(std::move(fn));
-    return [holder](std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes) {
-      py::gil_scoped_acquire gil;
-      py::list pairs;
-      for (size_t t = 0; t < meta.size(); ++t) {
-        std::vector<int64_t> shape(meta[t].shape.begin(), meta[t].shape.end());
-        at::Tensor view = torch::from_blob(const_cast<uint8_t*>(bytes[t].data()), shape,
-                                           torch::TensorOptions().dtype(scalar_type_of(meta[t].dtype)));
-        pairs.append(py::make_tuple(meta[t].name, view));
-      }
-      (*holder)(pairs);
-    };
-  }
-
   TensorSet set_;
   std::unique_ptr<engine::SyncEngine> engine_;
   std::unique_ptr<MappedReceiver> receiver_;
@@ -123,10 +115,38 @@ void bind_mapped_receiver(py::module_& m) {
   py::class_<MappedSubscriber, SubscriberBinding>(m, "MappedSubscriber")
       .def(py::init<const std::string&, const std::vector<HfTuple>&, const std::vector<std::string>&,
                     const std::vector<at::Tensor>&, const std::vector<RunTuple>&, const std::vector<OwnedTuple>&,
-                    const std::vector<uint32_t>&, py::object, py::object, py::object>(),
+                    const std::vector<uint32_t>&, py::object, py::object>(),
            py::arg("store"), py::arg("hf"), py::arg("param_names"), py::arg("params"), py::arg("runs"), py::arg("owned"),
-           py::arg("unserved"), py::arg("combine"), py::arg("load_full"), py::arg("log") = py::none())
-      .def_property_readonly("map_runs", &MappedSubscriber::map_runs);
+           py::arg("unserved"), py::arg("combine"), py::arg("log") = py::none())
+      .def_property_readonly("map_runs", &MappedSubscriber::map_runs)
+      .def("take_timings", &MappedSubscriber::take_timings,
+           "Seconds per stage of the applies since the last call: parse, map (HF -> runtime positions), gather, "
+           "pack, scatter, digest; anchor_check, anchor_write, anchor_audit.");
+  m.def(
+      "probe_runs",
+      [](const at::Tensor& twin, int64_t min_probe) {
+        if ((twin.scalar_type() != at::kInt && twin.scalar_type() != at::kLong) || !twin.device().is_cpu() || !twin.is_contiguous())
+          throw Error("probe_runs: the twin must be a contiguous int32 or int64 CPU tensor");
+        ProbeRuns runs;
+        {
+          py::gil_scoped_release nogil;
+          runs = twin.scalar_type() == at::kInt
+                     ? find_probe_runs(twin.data_ptr<int32_t>(), static_cast<uint64_t>(twin.numel()), min_probe)
+                     : find_probe_runs(twin.data_ptr<int64_t>(), static_cast<uint64_t>(twin.numel()), min_probe);
+        }
+        auto as_tensor = [](std::vector<int64_t>& v) {
+          at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+          if (!v.empty()) std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+          return t;
+        };
+        return py::make_tuple(as_tensor(runs.start), as_tensor(runs.first), as_tensor(runs.length));
+      },
+      py::arg("twin"), py::arg("min_probe"),
+      "(start, first, length) int64 tensors: the maximal runs of a flat integer twin whose values are >= min_probe "
+      "and step by +1 (twin[start + k] == first + k). One read of the twin.");
+  m.def(
+      "storage_use_count", [](const at::Tensor& t) { return t.storage().use_count(); }, py::arg("tensor"),
+      "How many tensors hold this tensor's storage (1: this one alone): whether a buffer handed out before is free again.");
   m.def(
       "published_tensors",
       [](const std::string& store_url, std::optional<uint64_t> version) {

@@ -8,12 +8,14 @@ embeddings; its loaders know all that. We ask them once, without touching the li
    integer *twin* of the same shape, on the host, filled with UNTOUCHED (-2);
 2. every HF tensor is handed to the model's own `load_weights` as a probe holding, per element,
    its global position + 2 (tensors laid end to end with a gap of one between them, so no run
-   crosses from one tensor into the next) -- exact in int32 (int64 past 2^31 elements). What a
-   loader fills with 0 (vocabulary padding) reads back as 0;
-3. one read of every twin finds the runs where consecutive runtime elements hold consecutive
-   probe values; each run is one (HF tensor, HF start, length, runtime start) entry (stretches
-   a loader fills with zeros -- vocabulary padding -- are no checkpoint element: an anchor goes
-   through the loader, which writes them as a fresh load does);
+   crosses from one tensor into the next) -- exact in int32 (int64 past 2^31 elements). Probes
+   are written into buffers reused once the loader has let go of them (fresh memory costs a page
+   fault per 4 KiB, more than the writing). What a loader fills with 0 (vocabulary padding)
+   reads back as 0;
+3. one read of every twin, in C++ (deltasync's probe_runs), finds the runs where consecutive
+   runtime elements hold consecutive probe values; each run is one (HF tensor, HF start, length,
+   runtime start) entry. Stretches a loader fills with zeros -- vocabulary padding -- and what
+   it never writes are no checkpoint element: deltas and anchors leave them as they are;
 4. whatever happens, every `.data` is put back: the live weights are never written.
 
 One load pass and one read pass: O(elements). The runs are few -- a row-sharded (or whole)
@@ -26,8 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-CHUNK = 1 << 20  # twin elements read per step when finding runs (keeps temporaries in cache)
-UNTOUCHED = -2   # twin fill: no loader wrote here (steps to 0 or to a probe value >= 2 are never 0 or +1)
+from .._library import native
+
+UNTOUCHED = -2   # twin fill: no loader wrote here (below FIRST_PROBE, like a loader's zeros)
+FIRST_PROBE = 2  # the smallest probe value
 
 
 class LearnError(RuntimeError):
@@ -85,33 +89,28 @@ def floating_tensors(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module,
 
 
 def _probe_bases(hf_tensors) -> tuple[dict[str, int], int]:
-    bases, next_base = {}, 2
+    bases, next_base = {}, FIRST_PROBE
     for name, (_, shape) in hf_tensors.items():
         bases[name] = next_base
         next_base += math.prod(shape) + 1
     return bases, next_base
 
 
-def _segments(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(start, end) of the maximal segments of `flat` whose steps are +1 or 0 (a run of probe
-    values, or a stretch of zeros or of UNTOUCHED). One read of `flat`, in cache-sized chunks."""
-    n = flat.numel()
-    cuts = [torch.zeros(1, dtype=torch.int64)]
-    if n > 1:
-        step = torch.empty(min(CHUNK, n - 1), dtype=flat.dtype)
-        not_one = torch.empty(step.numel(), dtype=torch.bool)
-        not_zero = torch.empty(step.numel(), dtype=torch.bool)
-        for s in range(1, n, CHUNK):
-            e = min(s + CHUNK, n)
-            k = e - s
-            d = torch.sub(flat[s:e], flat[s - 1:e - 1], out=step[:k])
-            torch.ne(d, 1, out=not_one[:k])
-            torch.ne(d, 0, out=not_zero[:k])
-            not_one[:k].logical_and_(not_zero[:k])
-            cuts.append(not_one[:k].nonzero().reshape(-1) + s)
-    starts = torch.cat(cuts)
-    ends = torch.cat([starts[1:], torch.tensor([n], dtype=torch.int64)])
-    return starts, ends
+def _probes(hf_tensors, bases, dtype):
+    """(name, probe) per HF tensor, each probe a view of a pooled buffer: a buffer is written
+    again only when nothing but the pool holds its storage any more (the loader copied the probe
+    and let go of it, as vLLM's loaders do); a loader that keeps a probe keeps its buffer."""
+    free_again = native().storage_use_count
+    pool: list[torch.Tensor] = []
+    for name, (_, shape) in hf_tensors.items():
+        n = math.prod(shape)
+        buffer = next((b for b in pool if b.numel() >= n and free_again(b) == 1), None)
+        if buffer is None:
+            buffer = torch.empty(n, dtype=dtype)
+            pool.append(buffer)
+        probe = torch.arange(bases[name], bases[name] + n, dtype=dtype, out=buffer[:n])
+        yield name, probe.view(shape)
+        del probe
 
 
 @torch.no_grad()
@@ -131,12 +130,7 @@ def learn_index_maps(model: torch.nn.Module, hf_tensors: dict[str, tuple[torch.d
             t.requires_grad_(False)
             t.data = twin
 
-        def probes():
-            for name, (_, shape) in hf_tensors.items():
-                base = bases[name]
-                yield name, torch.arange(base, base + math.prod(shape), dtype=probe_dtype).reshape(shape)
-
-        load(probes())
+        load(_probes(hf_tensors, bases, probe_dtype))
         loaded = []
         for (name, module, attr, t), twin in zip(tensors, twins):
             now = getattr(module, attr, None)
@@ -160,17 +154,9 @@ def _decode(tensors, loaded, hf_tensors, bases) -> IndexMap:
         flat = twin.reshape(-1)
         if flat.numel() == 0:
             continue
-        starts, ends = _segments(flat)
-        first = flat.index_select(0, starts).to(torch.int64)
-        last = flat.index_select(0, ends - 1).to(torch.int64)
-        lengths = ends - starts
-        mapped = first >= 2
-        starts, lengths, first, last = starts[mapped], lengths[mapped], first[mapped], last[mapped]
+        starts, first, lengths = native().probe_runs(flat, FIRST_PROBE)
         if starts.numel() == 0:
             continue
-        if bool((last != first + lengths - 1).any()):
-            raise LearnError(f"deltasync.vllm: runtime tensor {rt_name}: vLLM's loader writes one checkpoint element "
-                             "to several places or computes values; its weights cannot be updated in place")
         which = torch.searchsorted(base_table, first, right=True) - 1
         local = first - base_table[which]
         if bool((which < 0).any()) or bool((local + lengths > numels[which]).any()):

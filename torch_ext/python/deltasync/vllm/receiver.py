@@ -1,7 +1,8 @@
 """The vLLM side of a subscriber: the index map learned through vLLM's own loaders
 (index_map.py) handed to the C++ mapped receiver (host/sync/mapped_receiver.hpp), which fetches,
 verifies, maps and applies every delta in O(changed) -- including the digest checks, done per
-rank over the elements it owns and summed across the tensor-parallel group.
+rank over the elements it owns and summed across the tensor-parallel group -- and writes every
+anchor through the same map, agreed by every rank before any rank writes.
 
 Ownership: a replicated element (a norm, a KV head shared by several ranks) is held by several
 ranks but must enter the digest sum once; each rank owns what it holds minus what lower ranks
@@ -105,7 +106,7 @@ def exchange_held(held: dict, group) -> list[dict] | None:
     return [pickle.loads(g[:int(s)].numpy().tobytes()) for g, s in zip(gathered, sizes)]
 
 
-def mapped_subscriber(store: str, imap: IndexMap, load_weights, group=None, rank: int = 0, log=None):
+def mapped_subscriber(store: str, imap: IndexMap, group=None, rank: int = 0, log=None):
     """The C++ subscriber over a worker's runtime parameters, verified across `group`."""
     names = list(imap.hf_tensors)
     index = {n: i for i, n in enumerate(names)}
@@ -121,4 +122,4 @@ def mapped_subscriber(store: str, imap: IndexMap, load_weights, group=None, rank
     # promises only, see MappedModel::unserved.
     unserved = [index[n] for n in names if not any(h.get(n) for h in (all_held or [held]))]
     return native().MappedSubscriber(store, hf, imap.param_names, imap.params, runs, owned_list, unserved,
-                                     digest_combiner(group), lambda pairs: load_weights(list(pairs)), log)
+                                     digest_combiner(group), log)

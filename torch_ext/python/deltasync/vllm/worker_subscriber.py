@@ -47,11 +47,14 @@ def published_tensors(store: str, version: int | None = None) -> dict[str, tuple
     return {name: (TORCH_DTYPE[dtype], tuple(shape)) for name, dtype, shape in native().published_tensors(store, version)}
 
 
-def report_dict(r: UpdateReport) -> dict:
+def report_dict(r: UpdateReport, stages: dict | None = None) -> dict:
+    """An update's report; `stages`: the mapped receiver's seconds per stage (map_seconds: HF ->
+    runtime positions, scatter_seconds: the writes, and parse/gather/pack/digest, anchor_*)."""
     return {"version": r.to_version, "from_version": r.from_version, "anchor": r.anchor, "deltas": r.deltas,
             "changed_elements": r.changed_elements, "applied_elements": r.applied_elements,
             "bytes": r.bytes_fetched, "seconds": r.total_seconds, "fetch_seconds": r.fetch_seconds,
-            "apply_seconds": r.apply_seconds, "pause_seconds": r.pause_seconds, "recovered": r.recovered}
+            "apply_seconds": r.apply_seconds, "pause_seconds": r.pause_seconds, "recovered": r.recovered,
+            **(stages or {})}
 
 
 class WorkerSubscriber:
@@ -62,6 +65,7 @@ class WorkerSubscriber:
         self.subscriber: DeltaSubscriber | None = None
         self.index_map: IndexMap | None = None
         self.connect_report: dict = {}
+        self.stages: dict = {}  # the last update's seconds per stage in the mapped receiver
 
     def connect(self, store: str, version: int | None = None) -> dict:
         """Refuses a model that cannot be updated in place, or learns the index maps for the
@@ -73,8 +77,9 @@ class WorkerSubscriber:
         checked = time.perf_counter()
         imap = learn_index_maps(self.model, published_tensors(store, version))
         learned = time.perf_counter()
-        native_sub = mapped_subscriber(store, imap, self.model.load_weights, group=self.group, rank=self.rank)
+        native_sub = mapped_subscriber(store, imap, group=self.group, rank=self.rank)
         self.subscriber = DeltaSubscriber(None, store=store, _native=native_sub)
+        self.mapped = native_sub
         self.index_map = imap
         self.connect_report = {"check_seconds": checked - started, "learn_seconds": learned - checked,
                                "connect_seconds": time.perf_counter() - started, "served_weights_checked": compared,
@@ -97,8 +102,12 @@ class WorkerSubscriber:
         target = int(version) if version is not None else self._agreed_newest()
         if target is None:
             raise RuntimeError(f"deltasync.vllm: {sub.store}: the store has no published versions")
-        sub.update(target)
-        return report_dict(sub.last_report)
+        self.mapped.take_timings()  # seconds of this update only
+        try:
+            sub.update(target)
+        finally:
+            self.stages = self.mapped.take_timings()
+        return report_dict(sub.last_report, self.stages)
 
     def poll(self) -> int | None:
         return self._require().poll()
