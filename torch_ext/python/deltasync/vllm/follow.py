@@ -144,6 +144,7 @@ class StoreFollower:
         engine may step (False: the served weights are staler than the bound)."""
         target = self.newest_seen()
         if target is None or (self.served is not None and target <= self.served):
+            self._stalled = False  # caught up (a user's update may have done it)
             return True
         now = time.monotonic()
         if now >= self._next_attempt:
