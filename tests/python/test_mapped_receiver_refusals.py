@@ -79,7 +79,7 @@ def test_an_anchor_refused_on_one_rank_writes_nothing_on_any_rank(tmp_path, tp_s
     before = [runtime_bits(w) for w in workers]
     message = "does not match" if tp_size == 1 else "refused by 1 other rank"
     with pytest.raises(DeltaSyncError, match=message):
-        vs.on_threads([lambda w=w, s=s: w.deltasync_init(s) for w, s in zip(workers, stores)])
+        vs.on_ranks(workers, [lambda w=w, s=s: w.deltasync_init(s) for w, s in zip(workers, stores)])
     for rank, (w, bits) in enumerate(zip(workers, before)):
         for n, p in w.model_runner.model.named_parameters():
             assert torch.equal(p.detach().view(torch.int16), bits[n].view(torch.int16)), f"rank {rank}: {n}"
@@ -110,10 +110,10 @@ def test_a_delta_one_rank_cannot_fetch_is_refused_on_every_rank(tmp_path):
     delta.write_bytes(bytes(raw))
     workers = vs.make_workers(Worker, config, 2)
     stores = [f"file://{good}", f"file://{bad}"]
-    vs.on_threads([lambda w=w, s=s: w.deltasync_init(s, 0) for w, s in zip(workers, stores)])
+    vs.on_ranks(workers, [lambda w=w, s=s: w.deltasync_init(s, 0) for w, s in zip(workers, stores)])
     before = [runtime_bits(w) for w in workers]
     with pytest.raises(DeltaSyncError, match="refused by 1 other rank"):
-        vs.on_threads([lambda w=w: w.deltasync_update(1) for w in workers])
+        vs.on_ranks(workers, [lambda w=w: w.deltasync_update(1) for w in workers])
     for rank, (w, bits) in enumerate(zip(workers, before)):
         for n, p in w.model_runner.model.named_parameters():
             assert torch.equal(p.detach().view(torch.int16), bits[n].view(torch.int16)), f"rank {rank}: {n}"

@@ -339,12 +339,17 @@ def on_threads(calls: list) -> list:
 
 
 def on_all_ranks(workers: list, method: str, *args, **kwargs) -> list:
-    """worker.method(*args, **kwargs) on every rank at once, as vLLM's collective_rpc with the
-    deltasync plugin does it: a failure a rank kept (deltasync/vllm/rank_failures.py) is raised
-    once every rank has returned."""
+    """worker.method(*args, **kwargs) on every rank at once (the collective_rpc of vLLM)."""
+    return on_ranks(workers, [lambda w=w: getattr(w, method)(*args, **kwargs) for w in workers])
+
+
+def on_ranks(workers: list, calls: list) -> list:
+    """calls[r]() for every rank r at once, as vLLM's collective_rpc with the deltasync plugin
+    runs them: a failure a rank kept (deltasync/vllm/rank_failures.py) is raised once every rank
+    has returned."""
     from deltasync.vllm import rank_failures
 
-    results = on_threads([lambda w=w: getattr(w, method)(*args, **kwargs) for w in workers])
+    results = on_threads(calls)
     rank_failures.raise_first([rank_failures.take(w) for w in workers])
     return results
 
