@@ -29,16 +29,6 @@ class Laps {
   Clock::time_point last_ = Clock::now();
 };
 
-// Copies one element of `width` bytes; the common widths as fixed-size copies.
-inline void copy_element(uint8_t* dst, const uint8_t* src, uint32_t width) {
-  switch (width) {
-    case 2: std::memcpy(dst, src, 2); break;
-    case 4: std::memcpy(dst, src, 4); break;
-    case 1: *dst = *src; break;
-    default: std::memcpy(dst, src, width);
-  }
-}
-
 }  // namespace
 
 // A delta resolved against the map: what to write where, the bits it replaces, and the rows'

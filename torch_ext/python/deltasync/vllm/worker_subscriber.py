@@ -65,7 +65,7 @@ class WorkerSubscriber:
         self.subscriber: DeltaSubscriber | None = None
         self.index_map: IndexMap | None = None
         self.connect_report: dict = {}
-        self.stages: dict = {}  # the last update's seconds per stage in the mapped receiver
+        self.mapped = None  # the C++ mapped subscriber (its stage timings)
 
     def connect(self, store: str, version: int | None = None) -> dict:
         """Refuses a model that cannot be updated in place, or learns the index maps for the
@@ -106,8 +106,8 @@ class WorkerSubscriber:
         try:
             sub.update(target)
         finally:
-            self.stages = self.mapped.take_timings()
-        return report_dict(sub.last_report, self.stages)
+            stages = self.mapped.take_timings()
+        return report_dict(sub.last_report, stages)
 
     def poll(self) -> int | None:
         return self._require().poll()
