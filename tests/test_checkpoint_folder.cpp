@@ -115,6 +115,29 @@ TEST(CheckpointFolder, DefectsAreOneLineErrorsNamingTheFile) {
   EXPECT_NE(m.find("folder holds no model.safetensors.index.json and no *.safetensors files"), std::string::npos) << m;
 }
 
+// A shard's model_version follows the one number rule: the 19-digit cap the old reader had is
+// gone (10^19 is a version), and a sign or a space is refused naming the shard.
+TEST(CheckpointFolder, RecordedVersionTakesExactDigitsOnly) {
+  auto version_of = [](const std::string& text) {
+    Folder f;
+    const std::string shard = f.path + "/model-00002-of-00002.safetensors";
+    write_shard(shard, {{"c", random_bytes(16, 3)}}, {{"model_version", text}});
+    try {
+      return std::to_string(ds::Checkpoint::open(f.path).recorded_version().value());
+    } catch (const ds::BadInputError& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind(shard + ": ", 0), 0u) << m;
+      return m.substr(shard.size() + 2);
+    }
+  };
+  EXPECT_EQ(version_of("7"), "7");
+  EXPECT_EQ(version_of("10000000000000000000"), "10000000000000000000");
+  EXPECT_EQ(version_of("+7"), "metadata model_version '+7': not a decimal integer");
+  EXPECT_EQ(version_of(" 7"), "metadata model_version ' 7': not a decimal integer");
+  EXPECT_EQ(version_of("-1"), "metadata model_version '-1': not a decimal integer");
+  EXPECT_EQ(version_of("18446744073709551616"), "metadata model_version '18446744073709551616': out of range (max 18446744073709551615)");
+}
+
 TEST(CheckpointFolder, PlanShardsSplitsAtTensorBoundaries) {
   std::vector<ds::TensorMeta> tensors{{"a", ds::DType::BF16, {10}}, {"b", ds::DType::BF16, {10}}, {"c", ds::DType::BF16, {100}},
                                       {"d", ds::DType::BF16, {1}}};

@@ -252,6 +252,39 @@ TEST(CompactFile, RefusesAnotherBaseOrFormat) {
   EXPECT_THROW(compact::decode_compact_delta(trl, f.meta, refs, decoded), ds::Error);
 }
 
+// The compact reader's numbers (its model_version and its total_changed_elements, which once
+// allowed any 20 digits through std::stoull) follow the one rule, in one line naming the file.
+TEST(CompactFile, RefusesSignedOrSpacedNumbers) {
+  std::mt19937_64 rng(14);
+  Model f = small_model(rng);
+  const ds::st::File good = ds::st::File::from_bytes(compact::serialize_compact_delta(f.meta, f.delta.view(), {}), "d");
+  auto decode_error = [&](const std::string& key, const std::string& value) {
+    std::vector<ds::st::WriteTensor> tensors;
+    for (const ds::st::TensorInfo& t : good.tensors()) tensors.push_back({t.name, t.dtype, t.shape, good.bytes(t)});
+    ds::st::Metadata md = good.metadata();
+    md[key] = value;
+    const ds::st::File file = ds::st::File::from_bytes(ds::st::serialize(tensors, md), "d.safetensors");
+    const auto refs = f.base_refs();
+    compact::DecodedDelta decoded;
+    try {
+      compact::decode_compact_delta(file, f.meta, refs, decoded);
+    } catch (const ds::BadInputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("decoded");
+  };
+  const std::string total = good.metadata().at("total_changed_elements");
+  EXPECT_EQ(decode_error("total_changed_elements", total), "decoded");
+  EXPECT_EQ(decode_error("total_changed_elements", "+" + total),
+            "d.safetensors: metadata total_changed_elements '+" + total + "': not a decimal integer");
+  EXPECT_EQ(decode_error("total_changed_elements", " " + total),
+            "d.safetensors: metadata total_changed_elements ' " + total + "': not a decimal integer");
+  EXPECT_EQ(decode_error("total_changed_elements", "99999999999999999999"),
+            "d.safetensors: metadata total_changed_elements '99999999999999999999': out of range (max 18446744073709551615)");
+  EXPECT_EQ(decode_error("model_version", "+7"), "d.safetensors: metadata model_version '+7': not a decimal integer");
+  EXPECT_EQ(decode_error("model_version", " 7"), "d.safetensors: metadata model_version ' 7': not a decimal integer");
+}
+
 // ---- corrupt payloads ---------------------------------------------------------------------
 
 namespace {

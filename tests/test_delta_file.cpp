@@ -393,11 +393,22 @@ TEST(DeltaFileMalformed, FormatDisagreesWithSparse) {
 TEST(DeltaFileMalformed, MissingOrBadVersion) {
   expect_reason(parse_error(good_pair(), {{"sparse", "True"}}), "metadata has no \"model_version\" key");
   expect_reason(parse_error(good_pair(), with(kMinimalMetadata, "model_version", "-3")),
-                "metadata model_version \"-3\" is not a non-negative integer");
+                "metadata model_version '-3': not a decimal integer");
   expect_reason(parse_error(good_pair(), with(kMinimalMetadata, "base_version", "2x")),
-                "metadata base_version \"2x\" is not a non-negative integer");
+                "metadata base_version '2x': not a decimal integer");
   expect_reason(parse_error(good_pair(), with(kMinimalMetadata, "total_elements", "")),
-                "metadata total_elements \"\" is not a non-negative integer");
+                "metadata total_elements '': not a decimal integer");
+}
+
+// What std::stoull-style readers took (" 7" and "+7" as 7, "-1" as 2^64-1) is refused, in one
+// line that names the file.
+TEST(DeltaFileMalformed, VersionWithSignOrSpaceIsRefused) {
+  for (const char* text : {"+7", " 7", "7 ", "-1"}) {
+    const std::string message = parse_error(good_pair(), with(kMinimalMetadata, "model_version", text));
+    EXPECT_EQ(message, "delta.safetensors: metadata model_version '" + std::string(text) + "': not a decimal integer");
+  }
+  expect_reason(parse_error(good_pair(), with(kMinimalMetadata, "base_version", "18446744073709551616")),
+                "metadata base_version '18446744073709551616': out of range (max 18446744073709551615)");
 }
 
 TEST(DeltaFileMalformed, TensorThatIsNeitherIndicesNorValues) {
@@ -475,9 +486,11 @@ TEST(DeltaFileMalformed, TotalChangedElementsDisagrees) {
 
 TEST(DeltaFileMalformed, SparsityNotAFraction) {
   expect_reason(parse_error(good_pair(), with(kMinimalMetadata, "sparsity", "high")),
-                "metadata sparsity \"high\" is not a number between 0 and 1");
+                "metadata sparsity 'high': not a decimal number");
   expect_reason(parse_error(good_pair(), with(kMinimalMetadata, "sparsity", "1.5")),
-                "metadata sparsity \"1.5\" is not a number between 0 and 1");
+                "metadata sparsity '1.5': out of range (max 1)");
+  expect_reason(parse_error(good_pair(), with(kMinimalMetadata, "sparsity", "-0")),
+                "metadata sparsity '-0': not a decimal number");
 }
 
 TEST(DeltaFileMalformed, MinimalForeignDeltaIsAccepted) {
@@ -741,7 +754,7 @@ TEST(TrlIdxMalformed, EncodingOrVersionUnknown) {
   expect_reason(idx_parse_error(pair, with(kIdxMetadata, "version", "2")),
                 "metadata version \"2\" of the sparse_weight_patch layout is not supported (known: 1)");
   expect_reason(idx_parse_error(pair, with(kIdxMetadata, "num_changed_params", "x")),
-                "metadata num_changed_params \"x\" is not a non-negative integer");
+                "metadata num_changed_params 'x': not a decimal integer");
   expect_reason(idx_parse_error(pair, with(kIdxMetadata, "num_changed_params", "3")),
                 "metadata num_changed_params is 3 but the file holds 1 changed tensors");
 }

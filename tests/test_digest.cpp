@@ -262,6 +262,6 @@ TEST(DigestHex, RejectsAnythingButSixteenLowercaseHexDigits) {
     ds::digest_from_hex("XYZ", "f.safetensors");
     FAIL();
   } catch (const ds::Error& e) {
-    EXPECT_EQ(std::string(e.what()), "f.safetensors: bad digest 'XYZ' (want 16 lowercase hex digits)");
+    EXPECT_EQ(std::string(e.what()), "f.safetensors: digest 'XYZ': not 16 lowercase hex digits");
   }
 }

@@ -194,9 +194,9 @@ TEST(IntegrityMetadata, MalformedDigestMetadataIsRejected) {
   expect_error(read(delta_with(good, R"({"w": 12})", "sum-mix64-v1")),
                "d.st: metadata result_digests entry \"w\": 12 is not a string");
   expect_error(read(delta_with(good, R"({"w": "0123456789ABCDEF"})", "sum-mix64-v1")),
-               "d.st: metadata result_digests entry \"w\": bad digest '0123456789ABCDEF' (want 16 lowercase hex digits)");
+               "d.st: metadata result_digests entry \"w\": digest '0123456789ABCDEF': not 16 lowercase hex digits");
   expect_error(read(delta_with(good, R"({"w": "0123"})", "sum-mix64-v1")),
-               "d.st: metadata result_digests entry \"w\": bad digest '0123' (want 16 lowercase hex digits)");
+               "d.st: metadata result_digests entry \"w\": digest '0123': not 16 lowercase hex digits");
   expect_error(read(delta_with(good, R"({"v": "0123456789abcdef"})", "sum-mix64-v1")),
                "d.st: metadata result_digests has no digest for tensor w (base_digests has one)");
   expect_error(read(delta_with(good, good, std::nullopt)), "d.st: metadata has base_digests but no digest_algorithm");
@@ -210,7 +210,7 @@ TEST(IntegrityMetadata, MalformedDigestMetadataIsRejected) {
 
   ds::st::Metadata md = {{"digests", R"({"w": "zz23456789abcdef"})"}, {"digest_algorithm", "sum-mix64-v1"}};
   expect_error([&] { in::read_checkpoint_digests(md, "a.st"); },
-               "a.st: metadata digests entry \"w\": bad digest 'zz23456789abcdef' (want 16 lowercase hex digits)");
+               "a.st: metadata digests entry \"w\": digest 'zz23456789abcdef': not 16 lowercase hex digits");
   md = {{"digests", good}};
   expect_error([&] { in::read_checkpoint_digests(md, "a.st"); }, "a.st: metadata has digests but no digest_algorithm");
 }

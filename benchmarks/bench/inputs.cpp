@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/parse_number.hpp"
 #include "core/parallel.hpp"
 
 namespace deltasync::bench {
@@ -66,10 +67,8 @@ std::vector<TensorShape> model_shapes(const std::string& tensors_axis, uint64_t 
     shapes.front().numel = shapes.front().numel + total - sum;
     return shapes;
   }
-  char* end = nullptr;
-  const unsigned long long count = std::strtoull(tensors_axis.c_str(), &end, 10);
-  if (tensors_axis.empty() || *end != '\0' || count == 0)
-    throw Error("axis Tensors: " + tensors_axis + " is not a positive count or \"model\"");
+  const uint64_t count = parse_decimal<uint64_t>(tensors_axis, "axis Tensors", ErrorKind::kInvalidArgument);
+  if (count == 0) throw Error("axis Tensors: " + tensors_axis + " is not a positive count or \"model\"");
   if (count > total) throw Error("axis Tensors: " + tensors_axis + " tensors exceed Elements=" + std::to_string(total));
   std::vector<TensorShape> shapes;
   const uint64_t each = total / count;

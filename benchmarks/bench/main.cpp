@@ -133,9 +133,7 @@ std::optional<uint64_t> peak_bytes_for(const std::map<std::string, std::string>&
   if (declared) return declared;
   auto e = axes.find(kAxisElements), d = axes.find(kAxisDtype);
   if (e == axes.end() || d == axes.end()) return std::nullopt;
-  const std::string& t = e->second;
-  const double n = t.rfind("2^", 0) == 0 ? std::ldexp(1.0, std::atoi(t.c_str() + 2)) : std::strtod(t.c_str(), nullptr);
-  return static_cast<uint64_t>(n) * axis_width(d->second);
+  return static_cast<uint64_t>(axis_text_number(kAxisElements, e->second)) * axis_width(d->second);
 }
 
 void list_benchmarks(const Options& o) {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/parse_number.hpp"
 
 namespace deltasync::bench {
 
@@ -41,21 +42,19 @@ std::string trim(std::string s) {
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
-// "2^26", "1e6", "67108864", "0.01", "1%". Sets `pow2_exponent` when written as 2^x.
+// "2^26", "1e6", "67108864", "0.01", "1%" (the numbers by core/parse_number.hpp's rules). Sets
+// `pow2_exponent` when written as 2^x.
 double parse_number(const std::string& axis, const std::string& text, double* pow2_exponent = nullptr) {
   const std::string t = trim(text);
-  char* end = nullptr;
+  const std::string what = "axis " + axis;
   if (t.size() > 2 && t[0] == '2' && t[1] == '^') {
-    const double e = std::strtod(t.c_str() + 2, &end);
-    if (*end == '\0' && e >= 0 && e < 63) {
-      if (pow2_exponent) *pow2_exponent = e;
-      return std::ldexp(1.0, static_cast<int>(e));
-    }
-  } else {
-    double v = std::strtod(t.c_str(), &end);
-    if (end != t.c_str() && (*end == '\0' || (*end == '%' && end[1] == '\0'))) return *end == '%' ? v / 100 : v;
+    const auto e = parse_decimal(std::string_view(t).substr(2), 62, what + " exponent of 2", ErrorKind::kInvalidArgument);
+    if (pow2_exponent) *pow2_exponent = static_cast<double>(e);
+    return std::ldexp(1.0, static_cast<int>(e));
   }
-  throw Error("axis " + axis + ": \"" + text + "\" is not a number");
+  if (!t.empty() && t.back() == '%')
+    return parse_decimal_real(std::string_view(t).substr(0, t.size() - 1), what + " percentage", ErrorKind::kInvalidArgument) / 100;
+  return parse_decimal_real(t, what, ErrorKind::kInvalidArgument);
 }
 
 AxisValue make_value(const std::string& axis, const std::string& text) {
@@ -70,11 +69,8 @@ AxisValue make_value(const std::string& axis, const std::string& text) {
   } else if (axis == kAxisDtype) {
     axis_width(v.text);  // validates
   } else if (axis == kAxisTensors) {
-    if (v.text != "model") {
-      char* end = nullptr;
-      const long long n = std::strtoll(v.text.c_str(), &end, 10);
-      if (*end != '\0' || n < 1) throw Error("axis Tensors: " + v.text + " is not a positive count or \"model\"");
-    }
+    if (v.text != "model" && parse_decimal<uint64_t>(v.text, "axis Tensors", ErrorKind::kInvalidArgument) < 1)
+      throw Error("axis Tensors: " + v.text + " is not a positive count or \"model\"");
   }
   return v;
 }
@@ -146,6 +142,8 @@ std::pair<std::string, std::vector<AxisValue>> parse_axis(const std::string& spe
   return {name, values};
 }
 
+double axis_text_number(const std::string& axis, const std::string& text) { return parse_number(axis, text); }
+
 bool device_selected(const Options& options, const std::string& device) {
   if (options.devices == "all") return true;
   std::stringstream ss(options.devices);
@@ -164,9 +162,8 @@ Options parse_options(int argc, char** argv) {
     return argv[++i];
   };
   auto positive = [](const std::string& flag, const std::string& text) {
-    char* end = nullptr;
-    const double v = std::strtod(text.c_str(), &end);
-    if (end == text.c_str() || *end != '\0' || !(v > 0)) throw Error("option " + flag + ": \"" + text + "\" is not a positive number");
+    const double v = parse_decimal_real(text, "option " + flag, ErrorKind::kInvalidArgument);
+    if (!(v > 0)) throw Error("option " + flag + " " + quoted_input(text) + ": not a positive number", ErrorKind::kInvalidArgument);
     return v;
   };
   for (int i = 1; i < argc; ++i) {

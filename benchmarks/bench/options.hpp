@@ -33,6 +33,10 @@ Options parse_options(int argc, char** argv);
 // "Name[pow2]=[20:26:2]" as nvbench spells it. Returns the axis name and its values.
 std::pair<std::string, std::vector<AxisValue>> parse_axis(const std::string& spec);
 
+// The number an axis value written as text stands for ("2^26", "1e6", "0.01", "1%"): how -a
+// reads it, for a report that has only the text.
+double axis_text_number(const std::string& axis, const std::string& text);
+
 bool device_selected(const Options& options, const std::string& device);
 
 }  // namespace deltasync::bench

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "options.hpp"
 
 namespace deltasync::bench {
 
@@ -65,9 +66,7 @@ std::string markdown_table(const std::vector<Result>& rows) {
 double axis_number(const Result& r, const std::string& axis) {
   auto it = r.axes.find(axis);
   if (it == r.axes.end()) return NAN;
-  const std::string& t = it->second;
-  if (t.rfind("2^", 0) == 0) return std::ldexp(1.0, std::atoi(t.c_str() + 2));
-  return std::strtod(t.c_str(), nullptr);
+  return axis_text_number(axis, it->second);
 }
 
 std::string axes_label(const Result& r) {

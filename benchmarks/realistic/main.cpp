@@ -23,6 +23,7 @@
 #include "engine/cpu_engine.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
+#include "core/parse_number.hpp"
 #include "sim/training_sim.hpp"
 
 namespace {
@@ -58,38 +59,38 @@ Config parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage(("missing value for " + flag).c_str());
     const std::string value = argv[++i];
-    char* end = nullptr;
-    const double number = std::strtod(value.c_str(), &end);
-    const bool numeric = end && *end == '\0';
-    auto need_number = [&] {
-      if (!numeric || number < 0) usage(("bad value for " + flag + ": " + value).c_str());
-      return number;
-    };
-    if (flag == "--steps") c.steps = static_cast<int>(need_number());
-    else if (flag == "--lr") c.opt.lr = need_number();
-    else if (flag == "--noise") c.opt.noise_ratio = need_number();
-    else if (flag == "--weight-decay") c.opt.weight_decay = need_number();
-    else if (flag == "--seed") c.seed = static_cast<uint64_t>(need_number());
-    else if (flag == "--vocab") c.shape.vocab = static_cast<uint64_t>(need_number());
-    else if (flag == "--hidden") c.shape.hidden = static_cast<uint64_t>(need_number());
-    else if (flag == "--intermediate") c.shape.intermediate = static_cast<uint64_t>(need_number());
-    else if (flag == "--layers") c.shape.layers = static_cast<uint64_t>(need_number());
-    else if (flag == "--kv-dim") c.shape.kv_heads_dim = static_cast<uint64_t>(need_number());
-    else if (flag == "--calibration-steps") c.calibration_steps = static_cast<int>(need_number());
-    else if (flag == "--measured-steps") c.measured_steps = static_cast<int>(need_number());
-    else if (flag == "--block-elements") c.block_elements = static_cast<uint32_t>(need_number());
-    else if (flag == "--zstd-level") c.zstd_level = static_cast<int>(need_number());
-    else if (flag == "--densities") {
-      std::stringstream ss(value);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
-        char* e = nullptr;
-        const double d = std::strtod(item.c_str(), &e);
-        if (!e || *e != '\0' || d <= 0 || d >= 1) usage(("bad density " + item).c_str());
-        c.densities.push_back(d);
+    const std::string what = "option " + flag;
+    // Numbers by core/parse_number.hpp's rules, each range-checked against its field's type.
+    auto integer = [&]<class T>(T& field) { field = deltasync::parse_decimal<T>(value, what, deltasync::ErrorKind::kInvalidArgument); };
+    auto real = [&](double& field) { field = deltasync::parse_decimal_real(value, what, deltasync::ErrorKind::kInvalidArgument); };
+    try {
+      if (flag == "--steps") integer(c.steps);
+      else if (flag == "--lr") real(c.opt.lr);
+      else if (flag == "--noise") real(c.opt.noise_ratio);
+      else if (flag == "--weight-decay") real(c.opt.weight_decay);
+      else if (flag == "--seed") integer(c.seed);
+      else if (flag == "--vocab") integer(c.shape.vocab);
+      else if (flag == "--hidden") integer(c.shape.hidden);
+      else if (flag == "--intermediate") integer(c.shape.intermediate);
+      else if (flag == "--layers") integer(c.shape.layers);
+      else if (flag == "--kv-dim") integer(c.shape.kv_heads_dim);
+      else if (flag == "--calibration-steps") integer(c.calibration_steps);
+      else if (flag == "--measured-steps") integer(c.measured_steps);
+      else if (flag == "--block-elements") integer(c.block_elements);
+      else if (flag == "--zstd-level") integer(c.zstd_level);
+      else if (flag == "--densities") {
+        std::stringstream ss(value);
+        std::string item;
+        while (std::getline(ss, item, ',')) {
+          const double d = deltasync::parse_decimal_real(item, "option --densities", deltasync::ErrorKind::kInvalidArgument);
+          if (d <= 0 || d >= 1) usage(("bad density " + item).c_str());
+          c.densities.push_back(d);
+        }
+      } else {
+        usage(("unknown flag " + flag).c_str());
       }
-    } else {
-      usage(("unknown flag " + flag).c_str());
+    } catch (const deltasync::Error& e) {
+      usage(e.what());
     }
   }
   if (c.calibration_steps == 0) c.calibration_steps = c.measured_steps;

@@ -1,8 +1,8 @@
 #include "args.hpp"
 
-#include <charconv>
 
 #include "core/error.hpp"
+#include "core/parse_number.hpp"
 
 namespace deltasync::cli {
 
@@ -53,10 +53,13 @@ std::string ParsedArgs::require(const std::string& name) const {
 std::optional<uint64_t> ParsedArgs::get_u64(const std::string& name) const {
   auto v = get(name);
   if (!v) return std::nullopt;
-  uint64_t out = 0;
-  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
-  if (ec != std::errc() || p != v->data() + v->size()) throw Error("option " + name + " expects a non-negative integer, got '" + *v + "'");
-  return out;
+  return parse_decimal<uint64_t>(*v, "option " + name, ErrorKind::kInvalidArgument);
+}
+
+std::optional<double> ParsedArgs::get_real(const std::string& name) const {
+  auto v = get(name);
+  if (!v) return std::nullopt;
+  return parse_decimal_real(*v, "option " + name, ErrorKind::kInvalidArgument);
 }
 
 }  // namespace deltasync::cli

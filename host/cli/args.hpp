@@ -22,7 +22,9 @@ class ParsedArgs {
   void expect_positional(size_t n, const char* usage) const;
   std::optional<std::string> get(const std::string& name) const;
   std::string require(const std::string& name) const;
+  // Numbers by core/parse_number.hpp's rules; Error("option --version '-1': not a decimal integer").
   std::optional<uint64_t> get_u64(const std::string& name) const;
+  std::optional<double> get_real(const std::string& name) const;
   bool has(const std::string& name) const { return switches_set_.count(name) > 0; }
 
  private:

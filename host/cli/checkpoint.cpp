@@ -42,19 +42,6 @@ std::vector<ConstTensorRef> CheckpointImage::views() const {
   return out;
 }
 
-std::optional<uint64_t> recorded_version(const st::File& file) {
-  auto it = file.metadata().find("model_version");
-  if (it == file.metadata().end()) return std::nullopt;
-  uint64_t v = 0;
-  const std::string& s = it->second;
-  if (s.empty() || s.size() > 19) throw Error(file.label() + ": model_version '" + s + "' is not a version number");
-  for (char c : s) {
-    if (c < '0' || c > '9') throw Error(file.label() + ": model_version '" + s + "' is not a version number");
-    v = v * 10 + static_cast<uint64_t>(c - '0');
-  }
-  return v;
-}
-
 std::vector<const uint8_t*> matching_tensors(const Checkpoint& other, const std::vector<TensorMeta>& base) {
   std::vector<const uint8_t*> out;
   for (const auto& m : base) {

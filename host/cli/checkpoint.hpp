@@ -29,9 +29,6 @@ struct CheckpointImage {
   std::vector<ConstTensorRef> views() const;
 };
 
-// The model_version recorded in a file's metadata, if any (Error when present but malformed).
-std::optional<uint64_t> recorded_version(const st::File& file);
-
 // Checks that `other` holds exactly the tensors of `base` (names, dtypes, shapes), whatever its
 // shard split, and returns for each base tensor its bytes in `other`. Error("OTHER: ...") names
 // the first difference.

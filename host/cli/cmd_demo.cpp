@@ -57,7 +57,7 @@ int run_demo(const Args& raw) {
   args.expect_positional(0, kUsage);
   const Backend backend = choose_backend(args);
   const uint64_t steps = args.get_u64("--steps").value_or(20);
-  const double lr = std::stod(args.get("--lr").value_or("1e-6"));
+  const double lr = args.get_real("--lr").value_or(1e-6);
   const DeltaFormat format = parse_delta_format(args.get("--format").value_or("compact"));
   sim::ModelShape shape;
   shape.vocab = args.get_u64("--vocab").value_or(32000);

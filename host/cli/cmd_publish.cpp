@@ -15,6 +15,7 @@
 #include "command.hpp"
 #include "model_files.hpp"
 #include "core/error.hpp"
+#include "core/parse_number.hpp"
 #include "sync/protocol.hpp"
 #include "sync/publisher.hpp"
 #include "sync/subscriber.hpp"
@@ -32,23 +33,7 @@ constexpr const char* kShadowFile = "shadow.safetensors";
 uint64_t metadata_u64(const st::Metadata& md, const char* key, uint64_t fallback, const std::string& label) {
   auto it = md.find(key);
   if (it == md.end()) return fallback;
-  try {
-    size_t used = 0;
-    uint64_t v = std::stoull(it->second, &used);
-    if (used == it->second.size()) return v;
-  } catch (const std::exception&) {
-  }
-  throw Error(label + ": state metadata " + key + " is malformed");
-}
-
-double parse_share(const std::string& text) {
-  try {
-    size_t used = 0;
-    double v = std::stod(text, &used);
-    if (used == text.size() && v >= 0) return v;
-  } catch (const std::exception&) {
-  }
-  throw Error("option --anchor-share expects a non-negative number, got '" + text + "'");
+  return parse_decimal<uint64_t>(it->second, label + ": state metadata " + key);
 }
 
 // The shadow and publisher state from the store itself: the newest version's weights.
@@ -86,7 +71,7 @@ int run_publish(const Args& raw) {
 
   PublisherOptions options;
   options.anchor_every = args.get_u64("--anchor-every").value_or(options.anchor_every);
-  if (auto s = args.get("--anchor-share")) options.anchor_share = parse_share(*s);
+  if (auto s = args.get_real("--anchor-share")) options.anchor_share = *s;
   options.keep_anchors = args.get_u64("--keep-anchors").value_or(options.keep_anchors);
   options.anchor_part_bytes = args.get_u64("--anchor-part-bytes").value_or(options.anchor_part_bytes);
   if (options.anchor_part_bytes == 0) throw Error("option --anchor-part-bytes must be positive");

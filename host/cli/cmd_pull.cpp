@@ -19,6 +19,7 @@
 #include "model_files.hpp"
 #include "command.hpp"
 #include "core/error.hpp"
+#include "core/parse_number.hpp"
 #include "sync/subscriber.hpp"
 #include "progress.hpp"
 
@@ -39,16 +40,6 @@ struct Output {
 
 volatile std::sig_atomic_t stop_requested = 0;
 void request_stop(int) { stop_requested = 1; }
-
-double parse_interval(const std::string& text) {
-  try {
-    size_t used = 0;
-    double v = std::stod(text, &used);
-    if (used == text.size() && v > 0) return v;
-  } catch (const std::exception&) {
-  }
-  throw Error("option --follow expects a positive number of seconds, got '" + text + "'");
-}
 
 // One line per update: where OUT came from, the plan and the time it took.
 void print_update(const std::string& out_path, const SyncReport& report, double total) {
@@ -114,9 +105,11 @@ int run_pull(const Args& raw) {
       out.has_layout = false;
     }
   }
-  if (auto interval = args.get("--follow")) {
+  if (auto interval = args.get_real("--follow")) {
+    if (!(*interval > 0))
+      throw Error("option --follow " + quoted_input(*args.get("--follow")) + ": not a positive number of seconds", ErrorKind::kInvalidArgument);
     if (args.get("--version")) throw Error("--follow and --version exclude each other: " + std::string(kUsage));
-    return follow(subscriber, model, out, parse_interval(*interval), args.get_u64("--until-version"));
+    return follow(subscriber, model, out, *interval, args.get_u64("--until-version"));
   }
   if (args.get("--until-version")) throw Error("--until-version needs --follow: " + std::string(kUsage));
   const SyncReport report = subscriber.sync(model, args.get_u64("--version"));

@@ -7,6 +7,7 @@
 
 #include "codec/compact_codec.hpp"
 #include "core/error.hpp"
+#include "core/parse_number.hpp"
 
 namespace deltasync::compact {
 namespace {
@@ -30,16 +31,6 @@ Container build(std::span<const TensorMeta> tensors, const DeltaView& delta, con
   c.metadata["compact_version"] = std::to_string(kFormatVersion);
   c.metadata["compact_block_elements"] = std::to_string(options.block_elements);
   return c;
-}
-
-uint64_t parse_u64(const st::File& file, const std::string& key, const std::string& text) {
-  if (text.empty() || text.size() > 20 || text.find_first_not_of("0123456789") != std::string::npos)
-    throw BadInputError(file.label() + ": metadata " + key + " is not a non-negative integer: '" + text + "'");
-  try {
-    return std::stoull(text);
-  } catch (const std::exception&) {
-    throw BadInputError(file.label() + ": metadata " + key + " is out of range: '" + text + "'");
-  }
 }
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -157,7 +148,7 @@ void check_total_changed(const st::File& file, uint64_t decoded_total) {
   const st::Metadata& md = file.metadata();
   const auto total_it = md.find("total_changed_elements");
   if (total_it == md.end()) return;
-  const uint64_t recorded = parse_u64(file, "total_changed_elements", total_it->second);
+  const uint64_t recorded = parse_decimal<uint64_t>(total_it->second, file.label() + ": metadata total_changed_elements");
   if (recorded != decoded_total)
     throw BadInputError(file.label() + ": metadata total_changed_elements is " + total_it->second + ", the blocks hold " +
                 std::to_string(decoded_total));

@@ -12,6 +12,7 @@
 #include "codec/digest_mix.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
+#include "core/parse_number.hpp"
 
 namespace deltasync {
 
@@ -191,12 +192,6 @@ void check_index_width(uint32_t index_width) {
     throw BadInputError("digest: patch index width " + std::to_string(index_width) + " (want 4 or 8)");
 }
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
-}
-
 }  // namespace
 
 uint64_t digest_slice(uint32_t width, const void* bits, uint64_t first, uint64_t count) {
@@ -302,15 +297,7 @@ std::string digest_to_hex(uint64_t digest) {
 }
 
 uint64_t digest_from_hex(std::string_view text, std::string_view label) {
-  uint64_t value = 0;
-  bool ok = text.size() == 16;
-  for (size_t k = 0; ok && k < text.size(); ++k) {
-    const int v = hex_value(text[k]);
-    ok = v >= 0;
-    value = value << 4 | static_cast<uint64_t>(v & 15);
-  }
-  if (!ok) throw BadInputError(std::string(label) + ": bad digest '" + std::string(text.substr(0, 40)) + "' (want 16 lowercase hex digits)");
-  return value;
+  return parse_hex64(text, std::string(label) + ": digest");
 }
 
 }  // namespace deltasync

@@ -52,8 +52,8 @@ std::vector<uint64_t> digest_shifts(std::span<const PatchRef> patches, std::span
 
 // 16 lowercase hex digits, most significant first (the form stored in metadata).
 std::string digest_to_hex(uint64_t digest);
-// Parses exactly 16 lowercase hex digits; throws Error("LABEL: bad digest 'TEXT' (want 16
-// lowercase hex digits)") otherwise.
+// Parses exactly 16 lowercase hex digits (core/parse_number.hpp); throws
+// BadInputError("LABEL: digest 'TEXT': not 16 lowercase hex digits") otherwise.
 uint64_t digest_from_hex(std::string_view text, std::string_view label);
 
 }  // namespace deltasync

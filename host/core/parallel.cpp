@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/parse_number.hpp"
+
 namespace deltasync {
 
 namespace {
@@ -111,9 +113,9 @@ Pool& pool() {
 
 unsigned worker_count() {
   static const unsigned count = [] {
-    if (const char* env = std::getenv("DELTASYNC_THREADS")) {
-      int v = std::atoi(env);
-      if (v > 0) return static_cast<unsigned>(v);
+    if (const char* env = std::getenv("DELTASYNC_THREADS"); env && *env) {
+      const auto v = parse_decimal<unsigned>(env, "DELTASYNC_THREADS", ErrorKind::kInvalidArgument);
+      if (v > 0) return v;
     }
     return std::max(1u, std::thread::hardware_concurrency());
   }();

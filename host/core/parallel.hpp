@@ -6,7 +6,8 @@
 
 namespace deltasync {
 
-// Number of threads parallel_for uses (DELTASYNC_THREADS overrides hardware_concurrency).
+// Number of threads parallel_for uses (DELTASYNC_THREADS overrides hardware_concurrency; unset,
+// empty or 0 keeps it; anything but decimal digits is an Error).
 unsigned worker_count();
 
 // Runs fn(i) for i in [0, n) on the pool. Exceptions thrown by fn are rethrown (the first one).

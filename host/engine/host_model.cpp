@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "core/huge_buffer.hpp"
 #include "engine/integrity.hpp"
+#include "format/model_version.hpp"
 #include "core/parallel.hpp"
 
 namespace deltasync {
@@ -54,16 +55,7 @@ HostModel HostModel::from_file(const st::File& file) {
     auto bytes = file.bytes(file.at(m.tensors[t].name));
     if (!bytes.empty()) std::memcpy(m.data[t].data(), bytes.data(), bytes.size());
   });
-  const auto& md = file.metadata();
-  if (auto it = md.find("model_version"); it != md.end()) {
-    try {
-      size_t used = 0;
-      uint64_t v = std::stoull(it->second, &used);
-      if (used == it->second.size()) m.version = v;
-    } catch (const std::exception&) {
-    }
-    if (!m.version) throw Error(file.label() + ": metadata model_version '" + it->second + "' is not a version number");
-  }
+  m.version = read_model_version(file.metadata(), file.label());
   return m;
 }
 

@@ -17,6 +17,7 @@
 
 #include "core/error.hpp"
 #include "format/atomic_file.hpp"
+#include "format/model_version.hpp"
 
 namespace deltasync {
 namespace fs = std::filesystem;
@@ -184,12 +185,9 @@ std::optional<uint64_t> Checkpoint::recorded_version() const {
   std::optional<uint64_t> version;
   std::string first;
   for (const Shard& s : shards_) {
-    const auto it = s.data.metadata().find("model_version");
-    if (it == s.data.metadata().end()) continue;
-    const std::string& text = it->second;
-    if (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string::npos)
-      throw BadInputError(s.path + ": model_version '" + text + "' is not a version number");
-    const uint64_t v = std::stoull(text);
+    const std::optional<uint64_t> recorded = read_model_version(s.data.metadata(), s.path);
+    if (!recorded) continue;
+    const uint64_t v = *recorded;
     if (version && *version != v)
       throw BadInputError(path_ + ": shards record different model versions (" + first + " and " + s.file + ")");
     version = v;

@@ -22,7 +22,9 @@
 #include <unordered_map>
 
 #include "core/error.hpp"
+#include "core/parse_number.hpp"
 #include "format/delta_file_internal.hpp"
+#include "format/model_version.hpp"
 
 namespace deltasync {
 
@@ -48,14 +50,6 @@ constexpr std::string_view kDerivedKeys[] = {"sparsity", "changed_params", "tota
 
 bool is_one_of(std::string_view key, std::span<const std::string_view> keys) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
-}
-
-std::optional<uint64_t> parse_decimal(std::string_view text) {
-  uint64_t value = 0;
-  if (text.empty() || text.front() == '+' || text.front() == '-') return std::nullopt;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
-  return value;
 }
 
 std::string sparsity_text(uint64_t changed, uint64_t total) {
@@ -166,9 +160,7 @@ namespace detail {
 void fail(const std::string& label, const std::string& reason) { throw BadInputError(label + ": " + reason); }
 
 uint64_t metadata_u64(const st::Metadata& md, const std::string& key, const std::string& label) {
-  const auto value = parse_decimal(md.at(key));
-  if (!value) fail(label, "metadata " + key + " \"" + md.at(key) + "\" is not a non-negative integer");
-  return *value;
+  return parse_decimal<uint64_t>(md.at(key), label + ": metadata " + key);
 }
 
 }  // namespace detail
@@ -322,7 +314,7 @@ std::vector<uint8_t> serialize_anchor(std::span<const TensorMeta> tensors, std::
 DeltaInfo delta_info(const st::Metadata& md, const std::string& label) {
   DeltaInfo info;
   if (!md.contains("model_version")) fail(label, "metadata has no \"model_version\" key");
-  info.model_version = metadata_u64(md, "model_version", label);
+  info.model_version = *read_model_version(md, label);
   if (md.contains("base_version")) info.base_version = metadata_u64(md, "base_version", label);
   for (const auto& [key, value] : md) {
     if (!is_one_of(key, kTypedKeys)) info.extra.emplace(key, value);
@@ -356,11 +348,8 @@ void parse_sparse_metadata(const st::File& file, std::string_view delta_format, 
   if (md.contains("total_elements")) metadata_u64(md, "total_elements", label);
   if (md.contains("total_changed_elements")) out.declared_changed = metadata_u64(md, "total_changed_elements", label);
   if (const auto s = md.find("sparsity"); s != md.end()) {
-    double value = -1;
-    const auto [end, ec] = std::from_chars(s->second.data(), s->second.data() + s->second.size(), value);
-    if (ec != std::errc{} || end != s->second.data() + s->second.size() || !(value >= 0.0 && value <= 1.0)) {
-      fail(label, "metadata sparsity \"" + s->second + "\" is not a number between 0 and 1");
-    }
+    const double value = parse_decimal_real(s->second, label + ": metadata sparsity");
+    if (value > 1.0) fail(label, "metadata sparsity " + quoted_input(s->second) + ": out of range (max 1)");
   }
   if (md.contains("tensor_shapes")) {
     out.shapes = parse_tensor_shapes(md.at("tensor_shapes"), label);

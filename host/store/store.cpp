@@ -1,9 +1,9 @@
 // URL dispatch, environment overrides and the parts of Store shared by every backend.
 #include "store/store.hpp"
 
-#include <charconv>
 #include <cstdlib>
 
+#include "core/parse_number.hpp"
 #include "store/http_transport.hpp"
 
 namespace deltasync {
@@ -28,29 +28,27 @@ bool Store::put_if_match(const std::string& key, std::span<const uint8_t>, const
 
 namespace {
 
-uint64_t env_u64(const char* name, uint64_t fallback) {
+// An unset or empty variable keeps `fallback`; any other value must fit T.
+template <class T>
+T env_number(const char* name, T fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
-  uint64_t out = 0;
-  std::string_view s(v);
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  if (ec != std::errc() || p != s.data() + s.size()) throw Error(std::string(name) + ": expected a non-negative integer, got '" + v + "'");
-  return out;
+  return parse_decimal<T>(v, name, ErrorKind::kInvalidArgument);
 }
 
 StoreOptions options_from_env() {
   StoreOptions o;
-  o.retry.max_attempts = static_cast<int>(env_u64("DELTASYNC_STORE_RETRIES", o.retry.max_attempts));
+  o.retry.max_attempts = env_number("DELTASYNC_STORE_RETRIES", o.retry.max_attempts);
   if (o.retry.max_attempts < 1) o.retry.max_attempts = 1;
-  o.parallelism = static_cast<unsigned>(env_u64("DELTASYNC_STORE_PARALLELISM", o.parallelism));
+  o.parallelism = env_number("DELTASYNC_STORE_PARALLELISM", o.parallelism);
   if (o.parallelism < 1) o.parallelism = 1;
-  o.part_size = env_u64("DELTASYNC_STORE_PART_SIZE", o.part_size);
+  o.part_size = env_number("DELTASYNC_STORE_PART_SIZE", o.part_size);
   if (o.part_size == 0) throw Error("DELTASYNC_STORE_PART_SIZE: expected a positive number of bytes, got 0");
-  o.multipart_threshold = env_u64("DELTASYNC_STORE_MULTIPART_THRESHOLD", o.multipart_threshold);
+  o.multipart_threshold = env_number("DELTASYNC_STORE_MULTIPART_THRESHOLD", o.multipart_threshold);
   // Test hook and slow-link knob: the delay unit of the backoff, in milliseconds.
-  o.retry.base_delay_s = static_cast<double>(env_u64("DELTASYNC_STORE_RETRY_BASE_MS", 100)) / 1000.0;
-  o.low_speed_time_s = static_cast<long>(env_u64("DELTASYNC_STORE_LOW_SPEED_TIME", o.low_speed_time_s));
-  o.list_page_size = static_cast<unsigned>(env_u64("DELTASYNC_STORE_LIST_PAGE", 0));
+  o.retry.base_delay_s = static_cast<double>(env_number<uint64_t>("DELTASYNC_STORE_RETRY_BASE_MS", 100)) / 1000.0;
+  o.low_speed_time_s = env_number("DELTASYNC_STORE_LOW_SPEED_TIME", o.low_speed_time_s);
+  o.list_page_size = env_number<unsigned>("DELTASYNC_STORE_LIST_PAGE", 0);
   return o;
 }
 

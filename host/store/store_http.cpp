@@ -4,6 +4,7 @@
 // subscriber on this store reads LATEST and manifests by name instead.
 #include <cstdlib>
 
+#include "core/parse_number.hpp"
 #include "store/store.hpp"
 #include "store/http_transport.hpp"
 
@@ -77,12 +78,7 @@ class HttpStore final : public Store {
     if (r.status == 404) return std::nullopt;
     if (r.status != 200) fail("HEAD", key, r);
     std::string length = r.header("content-length");
-    uint64_t size = 0;
-    try {
-      size = length.empty() ? 0 : std::stoull(length);
-    } catch (const std::exception&) {
-      throw Error(describe(key) + ": HEAD returned a bad Content-Length");
-    }
+    const uint64_t size = length.empty() ? 0 : parse_decimal<uint64_t>(length, describe(key) + ": HEAD Content-Length", ErrorKind::kGeneral);
     return ObjectInfo{key, size, r.header("etag")};
   }
 

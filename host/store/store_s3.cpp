@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "core/parse_number.hpp"
 #include "store/s3_xml.hpp"
 #include "store/sha256.hpp"
 #include "store/store.hpp"
@@ -33,22 +34,16 @@ std::string env(const char* name) {
 
 std::string_view as_text(const std::vector<uint8_t>& body) { return {reinterpret_cast<const char*>(body.data()), body.size()}; }
 
-uint64_t parse_u64(const std::string& s, const std::string& what) {
-  try {
-    size_t used = 0;
-    unsigned long long v = std::stoull(s, &used);
-    if (used != s.size()) throw std::invalid_argument(s);
-    return v;
-  } catch (const std::exception&) {
-    throw Error("S3 response: bad " + what + " '" + s + "'");
-  }
+// A size in an S3 response (header or listing), by the one number rule; `what` names the object.
+uint64_t response_u64(const std::string& text, const std::string& what) {
+  return parse_decimal<uint64_t>(text, what, ErrorKind::kGeneral);
 }
 
 // "bytes 0-99/12345" -> 12345
-std::optional<uint64_t> total_from_content_range(const std::string& v) {
+std::optional<uint64_t> total_from_content_range(const std::string& v, const std::string& what) {
   auto slash = v.rfind('/');
   if (slash == std::string::npos || v.substr(slash + 1) == "*") return std::nullopt;
-  return parse_u64(v.substr(slash + 1), "Content-Range");
+  return response_u64(v.substr(slash + 1), what);
 }
 
 // Where and how a store's requests go: filled from an s3:// or an hf:// URL.
@@ -132,7 +127,7 @@ class S3Store final : public Store {
     if (r.status == 404) throw NotFoundError(describe(key) + ": no such object");
     if (r.status == 200) return std::move(r.body);
     if (r.status != 206) fail("GET", key, r);
-    auto total = total_from_content_range(r.header("content-range"));
+    auto total = total_from_content_range(r.header("content-range"), describe(key) + ": GET Content-Range total");
     if (!total) fail("GET", key, r);
     if (*total == r.body.size()) return std::move(r.body);
     // Pin the remaining parts to the version we started reading.
@@ -163,7 +158,7 @@ class S3Store final : public Store {
     auto r = send("HEAD", object_url(key), key, {}, {});
     if (r.status == 404) return std::nullopt;
     if (r.status != 200) fail("HEAD", key, r);
-    return ObjectInfo{key, parse_u64(r.header("content-length"), "Content-Length"), r.header("etag")};
+    return ObjectInfo{key, response_u64(r.header("content-length"), describe(key) + ": HEAD Content-Length"), r.header("etag")};
   }
 
   std::vector<ObjectInfo> list(const std::string& prefix) override {
@@ -243,7 +238,7 @@ class S3Store final : public Store {
         auto size = item->child_text("Size");
         if (!key || !size) throw Error(label + ": LIST response has an entry without Key or Size");
         if (key->rfind(prefix_, 0) != 0) continue;
-        out.push_back(ObjectInfo{key->substr(prefix_.size()), parse_u64(*size, "Size"), item->child_text("ETag").value_or("")});
+        out.push_back(ObjectInfo{key->substr(prefix_.size()), response_u64(*size, label + ": LIST Size of " + *key), item->child_text("ETag").value_or("")});
       }
       for (const s3xml::Element* common : doc.all("CommonPrefixes")) {
         auto sub = common->child_text("Prefix");

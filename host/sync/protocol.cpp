@@ -1,7 +1,6 @@
 // Manifests, visibility, catch-up planning and retention (see protocol.hpp for the layout).
 #include "sync/protocol.hpp"
 
-#include <charconv>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +10,7 @@
 #include <set>
 
 #include "codec/delta_io.hpp"
+#include "core/parse_number.hpp"
 #include "store/sha256.hpp"
 
 namespace deltasync::protocol {
@@ -24,15 +24,6 @@ std::string padded(uint64_t v) {
   return buf;
 }
 
-// A decimal version number (at most 20 digits); nullopt when not all digits or above 2^64-1.
-std::optional<uint64_t> parse_version_digits(std::string_view digits) {
-  uint64_t v = 0;
-  if (digits.empty() || digits.size() > 20) return std::nullopt;
-  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-  if (ec != std::errc{} || end != digits.data() + digits.size()) return std::nullopt;
-  return v;
-}
-
 // The version an object key belongs to: deltas/V-..., anchors/V-.../..., manifests/V.json.
 std::optional<uint64_t> version_of_object_key(const std::string& key) {
   for (const char* prefix : {"deltas/", "anchors/", "manifests/"}) {
@@ -40,7 +31,7 @@ std::optional<uint64_t> version_of_object_key(const std::string& key) {
     if (key.rfind(p, 0) != 0) continue;
     std::string digits = key.substr(p.size(), 20);
     if (digits.size() != 20) return std::nullopt;
-    return parse_version_digits(digits);
+    return try_parse_decimal(digits);
   }
   return std::nullopt;
 }
@@ -83,7 +74,7 @@ std::string manifest_key(uint64_t version) { return std::string(kManifestPrefix)
 std::optional<uint64_t> version_of_manifest_key(const std::string& key) {
   const std::string prefix(kManifestPrefix);
   if (key.size() != prefix.size() + 20 + 5 || key.rfind(prefix, 0) != 0 || key.substr(key.size() - 5) != ".json") return std::nullopt;
-  return parse_version_digits(std::string_view(key).substr(prefix.size(), 20));
+  return try_parse_decimal(std::string_view(key).substr(prefix.size(), 20));
 }
 
 std::string delta_key(uint64_t version, const std::string& nonce) { return "deltas/" + padded(version) + "-" + nonce + ".safetensors"; }
@@ -189,10 +180,10 @@ Manifest manifest_from_json(std::string_view text, const std::string& label) {
 }
 
 std::optional<uint64_t> parse_latest(std::string_view text, const std::string& label) {
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.remove_suffix(1);
-  const auto version = parse_version_digits(text);
-  if (!version) throw BadInputError(label + ": malformed LATEST pointer");
-  return version;
+  // One line: the version, then a line end (advance_latest writes "V\n"; "V\r\n" and a bare "V"
+  // are the same pointer written by hand).
+  if (text.ends_with('\n')) text.remove_suffix(text.ends_with("\r\n") ? 2 : 1);
+  return parse_decimal<uint64_t>(text, label + ": LATEST pointer");
 }
 
 std::optional<uint64_t> read_latest(Store& store) {

@@ -11,6 +11,7 @@
 #include "codec/delta_io.hpp"
 #include "codec/digest.hpp"
 #include "engine/integrity.hpp"
+#include "format/model_version.hpp"
 #include "store/http_transport.hpp"
 
 namespace deltasync {
@@ -47,10 +48,10 @@ VerifiedAnchor verify_anchor(const protocol::Manifest& manifest, std::vector<std
   for (size_t k = 0; k < parts.size(); ++k) {
     a.files.push_back(st::File::from_bytes(std::move(parts[k]), label + " part " + std::to_string(k)));
     const st::File& file = a.files.back();
-    const auto version = file.metadata().find("model_version");
-    if (version == file.metadata().end() || version->second != std::to_string(manifest.version))
+    const std::optional<uint64_t> version = read_model_version(file.metadata(), file.label());
+    if (version != manifest.version)
       throw Error(file.label() + ": anchor part is for version " +
-                  (version == file.metadata().end() ? std::string("unknown") : version->second) + ", expected " +
+                  (version ? std::to_string(*version) : std::string("unknown")) + ", expected " +
                   std::to_string(manifest.version));
     if (auto d = integrity::read_checkpoint_digests(file.metadata(), file.label())) recorded.insert(d->begin(), d->end());
     for (const TensorMeta& m : model_tensors(file)) {

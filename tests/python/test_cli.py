@@ -199,6 +199,45 @@ def test_out_of_range_and_unsorted_indices_are_refused(run_cli, checkpoints, tmp
         expect_failure(run_cli, tmp_path, "apply", base_path, delta, names="layers.0.norm.weight", reason=reason)
 
 
+def test_numbers_with_a_sign_or_a_space_are_refused(run_cli, checkpoints, tmp_path):
+    """Every number the CLI reads (flags, checkpoint and delta metadata, the environment) goes
+    through the one strict parser: std::stoull took " 7" and "+7" as 7 and "-1" as 2^64-1."""
+    base_path, new_path, base, _ = checkpoints(torch.bfloat16)
+    for flag in ["-1", "+7", " 7", "7x", "18446744073709551616"]:
+        expect_failure(run_cli, tmp_path, "diff", base_path, new_path, "--model-version", flag,
+                       names="option --model-version", reason=f"'{flag}': ")
+    store = f"file://{tmp_path / 'store'}"
+    for flag in ["-1", "+3"]:
+        proc = run_cli("publish", new_path, "--store", store, "--version", flag, "--quiet", check=False)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [f"deltasync publish: option --version '{flag}': not a decimal integer"], proc.stderr
+    for share in ["inf", "-0.5", " 0.5"]:
+        proc = run_cli("publish", new_path, "--store", store, "--version", "1", "--anchor-share", share, "--quiet", check=False)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [f"deltasync publish: option --anchor-share '{share}': not a decimal number"], proc.stderr
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*.json"))
+
+    # A checkpoint's recorded version and a delta's model_version: refused naming the file.
+    signed = tmp_path / "signed.safetensors"
+    save_file(base, signed, metadata={"model_version": "+7"})
+    expect_failure(run_cli, tmp_path, "diff", signed, new_path, names=signed,
+                   reason="metadata model_version '+7': not a decimal integer")
+    delta = tmp_path / "d.safetensors"
+    run_cli("diff", base_path, new_path, "-o", delta, "--format", "trl")
+    with safe_open(delta, "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        metadata = dict(f.metadata())
+    for version in [" 7", "+7"]:
+        hand = tmp_path / "hand.safetensors"
+        save_file(tensors, hand, metadata=dict(metadata, model_version=version))
+        expect_failure(run_cli, tmp_path, "apply", base_path, hand, names=hand,
+                       reason=f"metadata model_version '{version}': not a decimal integer")
+
+    # The worker pool's size from the environment.
+    proc = run_cli("diff", base_path, new_path, "-o", tmp_path / "t.safetensors", env={"DELTASYNC_THREADS": "+2"}, check=False)
+    assert proc.returncode != 0 and "DELTASYNC_THREADS '+2': not a decimal integer" in proc.stderr, proc.stderr
+
+
 def test_backend_flags(run_cli, checkpoints, tmp_path):
     base_path, new_path, _, _ = checkpoints(torch.float32)
     delta = tmp_path / "d.safetensors"
