@@ -233,6 +233,20 @@ def test_numbers_with_a_sign_or_a_space_are_refused(run_cli, checkpoints, tmp_pa
         expect_failure(run_cli, tmp_path, "apply", base_path, hand, names=hand,
                        reason=f"metadata model_version '{version}': not a decimal integer")
 
+    # The publisher's state folder: the shadow's recorded version and counters.
+    state = tmp_path / "state"
+    run_cli("publish", base_path, "--store", store, "--version", "1", "--state", state, "--quiet")
+    shadow = state / "shadow.safetensors"
+    with safe_open(shadow, "pt") as f:
+        shadow_tensors = {k: f.get_tensor(k) for k in f.keys()}
+        shadow_metadata = dict(f.metadata())
+    for key, value, what in [("delta_bytes_since_anchor", "+5", "state metadata delta_bytes_since_anchor"),
+                             ("model_version", " 1", "metadata model_version")]:
+        save_file(shadow_tensors, shadow, metadata=dict(shadow_metadata, **{key: value}))
+        proc = run_cli("publish", new_path, "--store", store, "--version", "2", "--state", state, "--quiet", check=False)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [f"deltasync publish: {shadow}: {what} '{value}': not a decimal integer"], proc.stderr
+
     # The worker pool's size from the environment.
     proc = run_cli("diff", base_path, new_path, "-o", tmp_path / "t.safetensors", env={"DELTASYNC_THREADS": "+2"}, check=False)
     assert proc.returncode != 0 and "DELTASYNC_THREADS '+2': not a decimal integer" in proc.stderr, proc.stderr

@@ -3,11 +3,15 @@ one strict number parser: a sign, a space or trailing text is refused in one lin
 object, where the S3 store's own std::stoull variant took "+5" and " 5" as 5 and "-1" as 2^64-1.
 The server is a hand-made S3 on 127.0.0.1 that answers with exactly the text a test gives it (no
 signature check: what is under test is the reading of its answers)."""
-import http.server
+import os
+import sys
 import threading
 import urllib.parse
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from fault_proxy import QuietHandler, ThreadingServer  # noqa: E402
 
 BUCKET = "numbers"
 
@@ -18,20 +22,7 @@ class HandMadeS3:
         self.latest_total = None   # Content-Range total of a ranged GET of LATEST; None: 404
         server = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _reply(self, status, body=b"", headers=()):
-                self.send_response(status)
-                for k, v in headers:
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(QuietHandler):
             def do_GET(self):
                 url = urllib.parse.urlsplit(self.path)
                 query = urllib.parse.parse_qs(url.query)
@@ -43,12 +34,12 @@ class HandMadeS3:
                     body = ('<?xml version="1.0" encoding="UTF-8"?>'
                             '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
                             f"<Name>{BUCKET}</Name><IsTruncated>false</IsTruncated>{contents}</ListBucketResult>")
-                    return self._reply(200, body.encode(), [("Content-Type", "application/xml")])
+                    return self.send_all(200, [("Content-Type", "application/xml")], body.encode())
                 if url.path.endswith("/LATEST") and server.latest_total is not None:
-                    return self._reply(206, b"1\n", [("Content-Range", f"bytes 0-1/{server.latest_total}")])
-                self._reply(404, b"<Error><Code>NoSuchKey</Code></Error>", [("Content-Type", "application/xml")])
+                    return self.send_all(206, [("Content-Range", f"bytes 0-1/{server.latest_total}")], b"1\n")
+                self.send_all(404, [("Content-Type", "application/xml")], b"<Error><Code>NoSuchKey</Code></Error>")
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingServer(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
