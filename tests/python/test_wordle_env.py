@@ -82,3 +82,28 @@ def test_bad_requests_get_one_clear_error_and_other_episodes_go_on(server):
     assert [g for g, _ in state["guesses"]] == ["slate", "crane"] and state["reward"] == 1.0
     with pytest.raises(wordle_env.WordleError, match=r"HTTP 409: episode 'ep\d+' is over \(2 guesses\); start another"):
         playing.guess(word="crane")
+
+
+def test_trl_takes_the_environment_factory(server, tmp_path):
+    """GRPOTrainer probes the factory's class: `guess` becomes its tool, `get_reward` a reward
+    source named after the class, which scores a game played over HTTP."""
+    import trl
+    from datasets import Dataset
+
+    import trl_tiny
+
+    tokenizer = trl_tiny.make_tokenizer()
+    # A chat template that renders tool calls (TRL checks), one TRL knows how to parse.
+    tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    config = trl.GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                            max_steps=1, use_cpu=True, report_to="none", beta=0.0)
+    trainer = trl.GRPOTrainer(model=trl_tiny.make_model(tokenizer), args=config, processing_class=tokenizer,
+                              train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": "play"}]] * 4}),
+                              environment_factory=wordle_env.factory(server))
+    assert [tool.__name__ for tool in trainer.tools] == ["guess"]
+    assert trainer.reward_func_names == ["WordleEnv"]
+    won, unfinished = wordle_env.WordleEnv(server), wordle_env.WordleEnv(server)
+    for env in (won, unfinished):
+        env.reset()
+    won.guess(word="crane")
+    assert trainer.reward_funcs[-1](environments=[won, unfinished]) == [1.0, 0.0]
