@@ -6,6 +6,9 @@
   transformers Trainer) publish after every optimizer step, through `callbacks=[...]`.
 - DeltaWeightTransfer(store, engine=None, **publisher_options): the `weight_transfer` of
   trl.experimental.async_grpo.AsyncGRPOTrainer.
+- DeltaSyncGRPOTrainer(..., deltasync_store=URL): GRPOTrainer with `use_vllm=True,
+  vllm_mode="server"`, generating through a stock `vllm serve` (/v1/completions) and syncing
+  through the store instead of NCCL (vllm_generation.py).
 - engines: SubscriberEngine (a PyTorch model in this process following the store),
   VLLMServerEngine (a `vllm serve` process with the deltasync weight-transfer backend, through its
   HTTP routes); anything with pause(), update(version), resume(), close() (InferenceEngine) can be
@@ -18,7 +21,7 @@ from .sync import DeltaSync, SyncReport
 from .vllm_server import VLLMServerEngine, VLLMServerError
 from .weight_transfer import DeltaWeightTransfer
 
-__all__ = ["DeltaSync", "DeltaSyncCallback", "DeltaWeightTransfer", "InferenceEngine", "SubscriberEngine",
+__all__ = ["DeltaSync", "DeltaSyncCallback", "DeltaSyncGRPOTrainer", "DeltaWeightTransfer", "InferenceEngine", "SubscriberEngine",
            "SyncReport", "VLLMServerEngine", "VLLMServerError"]
 
 
@@ -28,4 +31,8 @@ def __getattr__(name):
         from .trainer_callback import DeltaSyncCallback
 
         return DeltaSyncCallback
+    if name == "DeltaSyncGRPOTrainer":  # subclasses trl.GRPOTrainer: trl imported only when used
+        from .vllm_generation import _grpo_trainer_class
+
+        return _grpo_trainer_class()
     raise AttributeError(f"module 'deltasync.trl' has no attribute {name!r}")

@@ -97,6 +97,22 @@ class VLLMServerEngine:
         """Calls `method` on every worker (POST /collective_rpc); vLLM passes only string arguments."""
         return self.post("/collective_rpc", {"method": method, "args": list(args)}).get("results", [])
 
+    def audit(self, tensors: dict, checkpoint_dir: str = "") -> dict:
+        """The served weights against `tensors` ({Hugging Face name: tensor}, the trainer's),
+        checked by the server's workers (deltasync.vllm.audit, the server started with
+        --worker-extension-cls deltasync.vllm.audit.ServedWeightsAudit): digests of every tensor,
+        and, with `checkpoint_dir` (those tensors saved as a checkpoint), vLLM's own loader on
+        them compared bit for bit with every runtime parameter. TP=1: the one worker's result."""
+        from .. import ops
+
+        digests = ops.digest([t.detach() for t in tensors.values()]).tolist()
+        results = self.collective_rpc("deltasync_audit", json.dumps(dict(zip(tensors, map(str, digests)))),
+                                      str(checkpoint_dir))
+        if len(results) != 1:
+            raise VLLMServerError(f"deltasync.trl.VLLMServerEngine.audit: {len(results)} workers answered; "
+                                  "the audit compares one (TP=1)")
+        return results[0]
+
     # ---- HTTP -------------------------------------------------------------------------------------
 
     def get(self, route: str) -> dict:
