@@ -73,7 +73,8 @@ def main() -> int:
         # The trainer starts while the server loads (it waits for /health before its first sync).
         trainer = subprocess.Popen([sys.executable, str(HERE / "trainer.py"), "--store", store,
                                     "--server", f"http://127.0.0.1:{port}", "--env", env_url, "--base", str(base),
-                                    "--work", str(work), "--steps", str(args.steps)] + (["--lr", str(args.lr)] if args.lr else []),
+                                    "--work", str(work), "--steps", str(args.steps)]
+                                   + (["--lr", str(args.lr)] if args.lr else []),
                                    env=dict(os.environ, **store_env, PYTHONPATH=str(HERE)),
                                    stderr=trainer_log.open("w"))
         while trainer.poll() is None:

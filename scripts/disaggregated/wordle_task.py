@@ -3,9 +3,10 @@ played by a tiny random Qwen3 (toy_task's shape) with a character-level vocabula
 of the environment's words, the feedback marks, a turn separator. Nothing is downloaded.
 
 A rollout is one game: the model generates a guess (LENGTH tokens through the vLLM server,
-sampled among the letters: GENERATION_KWARGS), the environment answers with its marks, which are appended to the context as tokens the
-model did not generate (env_mask 0, no loss on them), until the game is over or TURNS guesses
-are made (the environment is started with TURNS guesses a game). The reward is the environment's (get_reward at the end). GRPO's groups share a hidden
+sampled among the letters: GENERATION_KWARGS), the environment answers with its marks, which are
+appended to the context as tokens the model did not generate (env_mask 0, no loss on them),
+until the game is over or TURNS guesses are made (the environment is started with TURNS guesses
+a game). The reward is the environment's (get_reward at the end). GRPO's groups share a hidden
 word: each prompt names its game's seed ("game 17"), and every rollout of the prompt plays that
 game.
 
