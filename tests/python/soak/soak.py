@@ -413,7 +413,8 @@ class Soak:
         elif kind == "corrupt_file":
             self.divergences.append(f"{who}: its output file is not a whole checkpoint after a pull: {e['error']}")
         elif kind == "error":
-            self.counts[f"{who} errors (retried)"] += 1
+            # Before the first version a pull is refused (the store is empty); later, a failure.
+            self.counts[f"{who} pulls before the first version" if self.newest < 0 else f"{who} errors (retried)"] += 1
         elif kind == "exit":
             if e["rc"] == 0:
                 self.finished.add(who)
