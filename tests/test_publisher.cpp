@@ -12,6 +12,7 @@
 #include "engine/cpu_engine.hpp"
 #include "sync/protocol.hpp"
 #include "sync/publisher.hpp"
+#include "sync/publisher_resume.hpp"
 #include "sync/subscriber.hpp"
 #include "test_support.hpp"
 
@@ -419,6 +420,65 @@ TEST(PublishSubscribe, RetentionKeepsReadersWorking) {
   HostModel model;
   sub.sync(model);
   expect_identical(model, trainer, 14);
+}
+
+// A publisher restarted with nothing but the store (the soak kills it mid-publish): it continues
+// the store's newest version, as a delta from it, with the anchor schedule it had.
+TEST(PublisherResume, AnEmptyStoreHasNothingToResume) {
+  TempDir dir;
+  auto store = open_store(dir.path().string());
+  EXPECT_FALSE(resume_from_store(*store).has_value());
+}
+
+TEST(PublisherResume, ContinuesTheNewestManifestEvenWhenLatestLagsBehindIt) {
+  TempDir dir;
+  std::shared_ptr<Store> store = open_store(dir.path().string());
+  Trainer trainer;
+  PublisherOptions options;
+  options.anchor_every = 4;
+  options.keep_anchors = 0;
+  uint64_t delta_bytes_5_6 = 0;
+  {
+    Publisher publisher(store, trainer.meta, options);
+    for (uint64_t v = 0; v <= 6; ++v) {
+      if (v) trainer.step();
+      publisher.publish(v, trainer.refs());
+      publisher.flush();
+    }
+    for (const auto& s : publisher.stats())
+      if (s.version == 5 || s.version == 6) delta_bytes_5_6 += s.delta_bytes;
+  }
+  // Killed between version 6's manifest and LATEST: the version is visible, LATEST still says 5.
+  const std::string five = "5\n";
+  store->put(protocol::kLatestKey, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(five.data()), five.size()));
+
+  std::optional<StoreResume> resumed = resume_from_store(*store);
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_EQ(resumed->state.last_version, 6u);
+  EXPECT_EQ(resumed->state.last_anchor_version, 4u);
+  EXPECT_EQ(resumed->state.delta_bytes_since_anchor, delta_bytes_5_6);
+  expect_identical(resumed->shadow, trainer, 6);
+
+  Publisher publisher(store, trainer.meta, options);
+  publisher.restore(resumed->shadow, resumed->state);
+  trainer.step();
+  publisher.publish(7, trainer.refs());
+  publisher.flush();
+  trainer.step();
+  publisher.publish(8, trainer.refs());
+  publisher.flush();
+  protocol::Catalog catalog(*store);
+  ASSERT_TRUE(catalog.find(7));
+  EXPECT_FALSE(catalog.find(7)->has_anchor()) << "a resumed publisher goes on with deltas, not a fresh anchor";
+  EXPECT_EQ(catalog.find(7)->base_version, 6u);
+  EXPECT_TRUE(catalog.find(8)->has_anchor()) << "the anchor schedule continues from version 4";
+  EXPECT_EQ(protocol::read_latest(*store), 8u);
+  Subscriber sub(*store);
+  HostModel model;
+  sub.sync(model, 6);
+  const auto report = sub.sync(model, 8);
+  EXPECT_EQ(report.deltas, (std::vector<uint64_t>{7, 8}));
+  expect_identical(model, trainer, 8);
 }
 
 }  // namespace

@@ -18,7 +18,7 @@
 #include "core/parse_number.hpp"
 #include "sync/protocol.hpp"
 #include "sync/publisher.hpp"
-#include "sync/subscriber.hpp"
+#include "sync/publisher_resume.hpp"
 #include "progress.hpp"
 
 namespace deltasync::cli {
@@ -38,20 +38,10 @@ uint64_t metadata_u64(const st::Metadata& md, const char* key, uint64_t fallback
 
 // The shadow and publisher state from the store itself: the newest version's weights.
 std::optional<std::pair<HostModel, PublisherState>> state_from_store(Store& store, bool quiet) {
-  Subscriber sub(store);
-  auto newest = sub.poll();
-  if (!newest) return std::nullopt;
-  if (!quiet) std::fprintf(stderr, "publish: no --state; rebuilding the shadow from version %llu in the store\n", static_cast<unsigned long long>(*newest));
-  HostModel shadow;
-  sub.sync(shadow, newest);
-  PublisherState state;
-  state.last_version = newest;
-  const protocol::Manifest* m = sub.catalog().find(*newest);
-  state.last_anchor_version = m->latest_anchor;
-  // Delta bytes since that anchor, following the chain back.
-  for (const protocol::Manifest* cur = m; cur && !cur->has_anchor() && cur->base_version; cur = sub.catalog().find(*cur->base_version))
-    state.delta_bytes_since_anchor += cur->delta_bytes();
-  return std::make_pair(std::move(shadow), state);
+  std::optional<StoreResume> resumed = resume_from_store(store);
+  if (!resumed) return std::nullopt;
+  if (!quiet) std::fprintf(stderr, "publish: no --state; rebuilt the shadow from version %llu in the store\n", static_cast<unsigned long long>(*resumed->state.last_version));
+  return std::make_pair(std::move(resumed->shadow), resumed->state);
 }
 
 int run_publish(const Args& raw) {

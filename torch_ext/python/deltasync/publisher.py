@@ -85,7 +85,11 @@ class DeltaPublisher:
     def __init__(self, model, store, anchor_every: int | None = None, format: str | None = None,
                  low_memory: bool = False, anchor_part_bytes: int | None = None, max_pending: int | None = None,
                  log=None, keep_anchors: int | None = None, anchor_share: float | None = None,
-                 parallel_uploads: int | None = None):
+                 parallel_uploads: int | None = None, resume: bool = False):
+        """resume=True continues the store where the last publisher left it (a restart after a
+        crash, no local state needed): the newest visible version is pulled, verified, written
+        into `model` and becomes the shadow (`resumed_version`; None for an empty store), so the
+        next publish is a delta from it. Host-memory models only."""
         if format is None and low_memory:
             format = "trl"  # the compact layout needs the base bits, which the low-memory shadow lacks
         named = named_tensors(model)
@@ -102,6 +106,11 @@ class DeltaPublisher:
         self.low_memory = low_memory
         self._last_version: int | None = None
         self._hook = None
+        self.resumed_version: int | None = None
+        if resume:
+            with torch.no_grad():
+                self.resumed_version = self._native.resume()
+            self._last_version = self.resumed_version
 
     @torch.no_grad()
     def publish(self, version: int, anchor: bool | None = None) -> PublishStats:

@@ -4,12 +4,15 @@
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include <cstring>
+
 #include "bindings/log_callback.hpp"
 #include "bindings/module.hpp"
 #include "bindings/tensor_set.hpp"
 #include "core/error.hpp"
 #include "store/store.hpp"
 #include "sync/publisher.hpp"
+#include "sync/publisher_resume.hpp"
 
 namespace py = pybind11;
 
@@ -68,8 +71,8 @@ class PublisherBinding {
     o.log = log_callback(std::move(log));
     engine::EngineOptions eo;
     eo.shadow = low_memory ? engine::ShadowKind::kLowByte : engine::ShadowKind::kFull;
-    std::shared_ptr<Store> store = open_store(store_url);
-    publisher_ = std::make_unique<Publisher>(std::move(store), layout_.meta, engine_for(layout_, eo), std::move(o));
+    store_ = open_store(store_url);
+    publisher_ = std::make_unique<Publisher>(store_, layout_.meta, engine_for(layout_, eo), std::move(o));
   }
   ~PublisherBinding() {
     // Joining the upload thread may wait for a log callback that needs the GIL.
@@ -86,6 +89,28 @@ class PublisherBinding {
       p.publish(version, current.const_refs(), force_anchor);
     }
     return stats_dict(p.last_staged());
+  }
+
+  // Continues the store's newest version (resume_from_store): its verified weights are written
+  // into the model's tensors and become the shadow. Returns that version, or None for an empty
+  // store (then the first publish is an anchor, as for a new store).
+  py::object resume() {
+    Publisher& p = live();
+    if (layout_.device != engine::Device::kCpu)
+      throw Error("deltasync.DeltaPublisher: resume needs the model in host memory (the store's weights are written into it)",
+                  ErrorKind::kUnsupported);
+    std::optional<StoreResume> resumed;
+    {
+      py::gil_scoped_release nogil;
+      resumed = resume_from_store(*store_);
+      if (resumed) {
+        p.restore(resumed->shadow, resumed->state);  // refuses another model's tensors before anything is written
+        for (size_t t = 0; t < layout_.refs.size(); ++t)
+          std::memcpy(layout_.refs[t].data, resumed->shadow.data[t].data(), resumed->shadow.data[t].size());
+      }
+    }
+    if (!resumed) return py::none();
+    return py::int_(*resumed->state.last_version);
   }
 
   void flush() {
@@ -140,6 +165,7 @@ class PublisherBinding {
   }
 
   TensorSet layout_;
+  std::shared_ptr<Store> store_;
   std::unique_ptr<Publisher> publisher_;
   std::vector<VersionStats> closed_history_;
   PublisherState closed_state_;
@@ -165,6 +191,7 @@ void bind_publisher(py::module_& m) {
       .def(py::init<const std::string&, const std::vector<std::string>&, const std::vector<at::Tensor>&, const py::dict&, py::object>(),
            py::arg("store"), py::arg("names"), py::arg("tensors"), py::arg("options"), py::arg("log") = py::none())
       .def("publish", &PublisherBinding::publish, py::arg("version"), py::arg("tensors"), py::arg("force_anchor") = false)
+      .def("resume", &PublisherBinding::resume)
       .def("flush", &PublisherBinding::flush)
       .def("close", &PublisherBinding::close)
       .def("history", &PublisherBinding::history)
