@@ -83,6 +83,15 @@ class Store {
   virtual std::vector<ObjectInfo> list(const std::string& prefix) = 0;
   // Deletes the object; deleting an absent object is not an error.
   virtual void remove(const std::string& key) = 0;
+  // Aborts the unfinished multipart uploads under `prefix` whose key `abandoned` says no writer
+  // will finish (left by a writer killed mid-upload: no reader ever sees them, but the service
+  // keeps, and bills, their parts until they are aborted). Returns how many were aborted. Stores
+  // without multipart uploads (folders, HTTP) have none to abort.
+  virtual uint64_t abort_unfinished_uploads(const std::string& prefix, const std::function<bool(const std::string& key)>& abandoned) {
+    (void)prefix;
+    (void)abandoned;
+    return 0;
+  }
 
   // Called during long transfers of this store (may be empty). Not thread-safe to change
   // while a transfer runs.

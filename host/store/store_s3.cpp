@@ -179,6 +179,53 @@ class S3Store final : public Store {
     if (r.status != 204 && r.status != 200 && r.status != 404) fail("DELETE", key, r);
   }
 
+  // ListMultipartUploads (every page), then AbortMultipartUpload for each abandoned key. The
+  // Hugging Face gateway lists objects only (ListObjectsV2), so there is nothing to ask it; a
+  // service that does not implement the listing (501) is treated the same way.
+  uint64_t abort_unfinished_uploads(const std::string& prefix, const std::function<bool(const std::string& key)>& abandoned) override {
+    if (hf_gateway_) return 0;
+    const std::string label = describe(prefix) + "* (LIST multipart uploads)";
+    std::vector<std::pair<std::string, std::string>> uploads;  // key relative to the store, upload id
+    std::string key_marker, id_marker;
+    for (;;) {
+      std::vector<std::pair<std::string, std::string>> params{{"uploads", ""}, {"prefix", prefix_ + prefix}};
+      if (!key_marker.empty()) params.emplace_back("key-marker", key_marker);
+      if (!id_marker.empty()) params.emplace_back("upload-id-marker", id_marker);
+      auto r = send("GET", list_url_ + http::sigv4_query(params), prefix + "*", {}, {});
+      if (r.status == 501) return 0;
+      if (r.status != 200) fail("LIST multipart uploads", prefix + "*", r);
+      const s3xml::Element doc = s3xml::parse(as_text(r.body), label);
+      if (doc.name != "ListMultipartUploadsResult")
+        throw Error(label + ": answered <" + doc.name + ">, not <ListMultipartUploadsResult>");
+      for (const s3xml::Element* upload : doc.all("Upload")) {
+        auto key = upload->child_text("Key");
+        auto id = upload->child_text("UploadId");
+        if (!key || !id || id->empty()) throw Error(label + ": an upload entry without Key or UploadId");
+        if (key->rfind(prefix_, 0) == 0) uploads.emplace_back(key->substr(prefix_.size()), *id);
+      }
+      const std::string truncated = doc.child_text("IsTruncated").value_or("false");
+      if (truncated != "true") {
+        if (truncated != "false") throw Error(label + ": IsTruncated '" + truncated + "'");
+        break;
+      }
+      std::string next_key = doc.child_text("NextKeyMarker").value_or("");
+      std::string next_id = doc.child_text("NextUploadIdMarker").value_or("");
+      if (next_key.empty() || (next_key == key_marker && next_id == id_marker))
+        throw Error(label + ": truncated without a new key marker");
+      key_marker = std::move(next_key);
+      id_marker = std::move(next_id);
+    }
+    uint64_t aborted = 0;
+    for (const auto& [key, id] : uploads) {
+      if (!abandoned(key)) continue;
+      auto r = send("DELETE", object_url(key) + "?" + http::sigv4_query({{"uploadId", id}}), key, {}, {});
+      if (r.status == 404) continue;  // finished or aborted meanwhile (NoSuchUpload)
+      if (r.status != 204 && r.status != 200) fail("DELETE (abort multipart upload)", key, r);
+      ++aborted;
+    }
+    return aborted;
+  }
+
  private:
   std::string object_url(const std::string& key) const {
     if (key.empty()) throw Error(url_ + ": empty object key", ErrorKind::kInvalidArgument);

@@ -350,6 +350,12 @@ RetentionReport apply_retention(Store& store, size_t keep_anchors) {
       ++report.deleted_objects;
       report.deleted_bytes += info.size;
     }
+    // Uploads of those versions that a killed writer never finished: no writer goes back to a
+    // version older than the oldest kept anchor, so none of them will ever complete.
+    report.aborted_uploads += store.abort_unfinished_uploads(prefix, [&](const std::string& key) {
+      auto v = version_of_object_key(key);
+      return v && *v < oldest_kept;
+    });
   }
   return report;
 }

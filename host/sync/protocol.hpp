@@ -127,11 +127,13 @@ struct RetentionReport {
   std::vector<uint64_t> deleted_versions;
   uint64_t deleted_objects = 0;
   uint64_t deleted_bytes = 0;
+  uint64_t aborted_uploads = 0;  // unfinished multipart uploads of deleted versions
 };
 
 // Keeps the newest `keep_anchors` anchors and every version from the oldest kept anchor on;
 // deletes the other versions (manifest first, so no visible version ever names a missing
-// object) and orphaned objects older than the oldest kept anchor (left by killed uploads).
+// object) and orphaned objects older than the oldest kept anchor (left by killed uploads), and
+// aborts the unfinished multipart uploads of those versions.
 // Needs a store that can list. keep_anchors == 0 keeps everything.
 RetentionReport apply_retention(Store& store, size_t keep_anchors);
 

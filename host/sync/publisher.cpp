@@ -666,7 +666,9 @@ void Publisher::finish(const Job& job, const VersionStats& st, const std::vector
   if (job.anchor && options_.keep_anchors) {
     try {
       auto r = protocol::apply_retention(store, options_.keep_anchors);
-      if (!r.deleted_versions.empty()) note("retention: deleted " + std::to_string(r.deleted_versions.size()) + " versions, " + std::to_string(r.deleted_bytes) + " bytes");
+      if (!r.deleted_versions.empty() || r.aborted_uploads)
+        note("retention: deleted " + std::to_string(r.deleted_versions.size()) + " versions, " + std::to_string(r.deleted_bytes) +
+             " bytes; aborted " + std::to_string(r.aborted_uploads) + " unfinished uploads");
     } catch (const Error& e) {
       note(std::string("retention skipped: ") + e.what());
     }

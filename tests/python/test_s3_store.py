@@ -290,3 +290,42 @@ def test_large_model_uses_multipart_upload_and_parallel_ranged_gets(run_cli, mot
     assert_identical(out_path, trainer.versions[2], 2)
     ranged = [p for m, p in proxy.requests if m == "GET" and "/anchors/" in p]
     assert len(ranged) >= 4, ranged
+
+
+def test_retention_aborts_the_unfinished_uploads_of_deleted_versions(run_cli, moto_s3, tmp_path, request):
+    # What a publisher killed mid-part leaves behind: multipart uploads started and never
+    # completed. No reader sees them, but S3 keeps their parts until they are aborted.
+    import boto3
+    store = store_url(request)
+    env = s3_env(moto_s3)
+    s3 = boto3.client("s3", endpoint_url=moto_s3.endpoint, region_name="us-east-1",
+                      aws_access_key_id=moto_s3.key_id, aws_secret_access_key=moto_s3.secret)
+    prefix = request.node.name + "/"
+
+    def unfinished(key):
+        upload = s3.create_multipart_upload(Bucket=BUCKET, Key=prefix + key)
+        s3.upload_part(Bucket=BUCKET, Key=prefix + key, UploadId=upload["UploadId"], PartNumber=1, Body=b"x" * 1024)
+
+    def pending():
+        listed = s3.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix).get("Uploads", [])
+        return sorted(u["Key"][len(prefix):] for u in listed)
+
+    old_delta = "deltas/00000000000000000002-dead.safetensors"
+    old_anchor = "anchors/00000000000000000001-dead/part-00000.safetensors"
+    future_delta = "deltas/00000000000000000099-live.safetensors"  # a version a writer may still finish
+    for key in (old_delta, old_anchor, future_delta):
+        unfinished(key)
+    assert pending() == sorted([old_delta, old_anchor, future_delta])
+
+    trainer = Trainer(run_cli, tmp_path, store, env, anchor_every=2)
+    ckpt = trainer.dir / "current.safetensors"
+    for v in range(1, 6):  # anchors at 1, 3, 5: with one anchor kept, versions 1-4 are deleted
+        if v > 1:
+            trainer.model.step()
+        trainer.model.save(ckpt)
+        run_cli("publish", ckpt, "--store", store, "--version", v, "--state", trainer.state, "--anchor-every", 2,
+                "--keep-anchors", 1, "--quiet", env=env)
+    listing = json.loads(run_cli("log", "--store", store, "--json", env=env).stdout)
+    assert [m["version"] for m in listing["versions"]] == [5]
+    # The uploads of deleted versions are gone; the one of a version still ahead is left alone.
+    assert pending() == [future_delta]
