@@ -37,7 +37,8 @@ PlacedTensors::PlacedTensors(engine::SyncEngine& engine, std::span<const ConstTe
   place(host);
 }
 
-PlacedTensors::PlacedTensors(engine::SyncEngine& engine, std::span<const TensorRef> host) : engine_(engine) {
+PlacedTensors::PlacedTensors(engine::SyncEngine& engine, std::span<const TensorRef> host)
+    : engine_(engine), writable_(true) {
   std::vector<ConstTensorRef> views;
   for (const TensorRef& t : host) views.push_back({t.name, t.data, t.numel, t.width});
   place(views);
@@ -66,7 +67,10 @@ std::vector<ConstTensorRef> PlacedTensors::views() const {
   return out;
 }
 
-std::vector<TensorRef> PlacedTensors::refs() const { return placed_; }
+std::vector<TensorRef> PlacedTensors::refs() const {
+  if (!writable_) throw Error("internal: writable tensors asked of read-only ones");
+  return placed_;
+}
 
 void PlacedTensors::upload(size_t t, const void* bytes) {
   const TensorRef& where = placed_[t];
@@ -75,6 +79,7 @@ void PlacedTensors::upload(size_t t, const void* bytes) {
 }
 
 void PlacedTensors::download() {
+  if (!writable_) return;
   for (size_t t = 0; t < placed_.size(); ++t) {
     if (placed_[t].data == host_[t].data) continue;
     const ConstTensorRef source{placed_[t].name, placed_[t].data, placed_[t].numel, placed_[t].width};

@@ -36,6 +36,8 @@ class PlacedTensors {
   PlacedTensors(engine::SyncEngine& engine, std::span<const TensorRef> host);
 
   std::vector<ConstTensorRef> views() const;
+  // Writable tensors: only of the writable form (Error otherwise: the CPU engine would write
+  // into the caller's read-only memory).
   std::vector<TensorRef> refs() const;
   // Tensor t := `bytes` (its full size), e.g. the next step of a trainer.
   void upload(size_t t, const void* bytes);
@@ -47,6 +49,7 @@ class PlacedTensors {
 
   engine::SyncEngine& engine_;
   std::unique_ptr<engine::EngineMemory> memory_;
+  bool writable_ = false;
   std::vector<TensorRef> host_;    // what the caller passed (data const-cast for the read-only form)
   std::vector<TensorRef> placed_;  // where the engine works on them
 };

@@ -605,11 +605,19 @@ namespace {
 
 class DeviceMemoryBlock final : public EngineMemory {
  public:
-  explicit DeviceMemoryBlock(uint64_t bytes) {
+  DeviceMemoryBlock(uint64_t bytes, int device) : device_(device) {
     if (bytes > 0) cuda::check(cudaMalloc(&data_, bytes), "allocate: cudaMalloc");
   }
+  // Work queued on the block (a copy into the shadow, say) may still be running: the device is
+  // drained before the block is let go, since CUDA does not document cudaFree as waiting.
   ~DeviceMemoryBlock() override {
-    if (data_ != nullptr) cudaFree(data_);
+    if (data_ == nullptr) return;
+    int previous = 0;  // no DeviceScope: a destructor must not throw
+    const bool switched =
+        cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
+    cudaDeviceSynchronize();
+    cudaFree(data_);
+    if (switched) cudaSetDevice(previous);
   }
   DeviceMemoryBlock(const DeviceMemoryBlock&) = delete;
   DeviceMemoryBlock& operator=(const DeviceMemoryBlock&) = delete;
@@ -617,15 +625,15 @@ class DeviceMemoryBlock final : public EngineMemory {
 
  private:
   void* data_ = nullptr;
+  int device_ = 0;
 };
 
 }  // namespace
 
-// cudaFree waits for the device in practice; a block is let go only by a caller done with it
-// (its last use a read() or an apply, both ending in a wait).
+// For callers with tensors in files (the CLI): one block per set of tensors, not per step.
 std::unique_ptr<EngineMemory> CudaSyncEngine::allocate(uint64_t bytes) {
   DeviceScope scope(state_->options.cuda_device);
-  return std::make_unique<DeviceMemoryBlock>(bytes);
+  return std::make_unique<DeviceMemoryBlock>(bytes, state_->options.cuda_device);
 }
 
 }  // namespace deltasync::engine
