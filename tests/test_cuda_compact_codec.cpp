@@ -20,6 +20,8 @@
 #include "engine/cpu_engine.hpp"
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
+#include "engine/cuda/compact_decode.hpp"
+#include "engine/cuda/cuda_calls.hpp"
 #include "core/error.hpp"
 #include "sim/training_sim.hpp"
 // White-box: the block logic the decode kernel runs (and its message text), compiled for the host.
@@ -140,7 +142,7 @@ class CudaCompactCodec : public testing::Test {
     DeviceDelta device(delta);
     compact::Options options;
     options.block_elements = block;
-    return encoder_.encode(m.meta, device.view(), stream_, options);
+    return cuda::encode_compact(encoder_, m.meta, device.view(), stream_, options);
   }
 
   // Decodes on the GPU against a device copy of the base; checks the base was not written.
@@ -201,13 +203,13 @@ class CudaCompactCodec : public testing::Test {
     EXPECT_EQ(download_as<uint8_t>(d.values, d.value_offsets.back()), want.storage.values);
     EXPECT_EQ(download_as<uint8_t>(d.base_values, d.value_offsets.back()), want.storage.base_values);
     cuda::Applier applier;
-    applier.apply_checked(targets, d.patches(m.meta), stream_);
+    cuda::apply_checked(applier, targets, d.patches(m.meta), stream_);
     for (size_t t = 0; t < m.meta.size(); ++t) EXPECT_EQ(target[t].download(), m.current[t]) << m.meta[t].name;
   }
 
   cudaStream_t stream_ = nullptr;
   cuda::CompactEncoder encoder_;
-  cuda::CompactDecoder decoder_;
+  ds::engine::DeviceCompactDecode decoder_;
 };
 
 // ---- encode and decode agree with the CPU ---------------------------------------------------
@@ -341,7 +343,7 @@ TEST_F(CudaCompactCodec, EncodesDirectlyFromTheCudaEncoder) {
                                    diff.device_indices(),     diff.device_values(),  diff.device_base_values()};
   compact::Options options;
   options.block_elements = 1500;
-  const auto gpu = encoder_.encode(m.meta, view, stream_, options);
+  const auto gpu = cuda::encode_compact(encoder_, m.meta, view, stream_, options);
   const auto cpu = compact::encode(m.meta, m.delta.view(), options);
   ASSERT_EQ(gpu.size(), cpu.size());
   for (size_t i = 0; i < cpu.size(); ++i) {
@@ -412,10 +414,10 @@ TEST_F(CudaCompactCodec, EncoderRefusesWhatTheCpuRefuses) {
   DeviceDelta device(m.delta);
   const std::string cpu_block = message([&] { compact::encode(m.meta, m.delta.view(), bad_block); });
   EXPECT_NE(cpu_block, "");
-  EXPECT_EQ(message([&] { encoder_.encode(m.meta, device.view(), stream_, bad_block); }), cpu_block);
+  EXPECT_EQ(message([&] { cuda::encode_compact(encoder_, m.meta, device.view(), stream_, bad_block); }), cpu_block);
   const std::string cpu_width = message([&] { compact::encode(m.meta, m.delta.view()); });
   EXPECT_NE(cpu_width, "");
-  EXPECT_EQ(message([&] { encoder_.encode(m.meta, device.view(), stream_); }), cpu_width);
+  EXPECT_EQ(message([&] { cuda::encode_compact(encoder_, m.meta, device.view(), stream_); }), cpu_width);
 }
 
 // ---- corrupt payloads: same message as the CPU, base untouched ---------------------------------

@@ -13,6 +13,7 @@
 
 #include "deltasync/cuda/digest.hpp"
 #include "deltasync/cuda/engine.hpp"
+#include "engine/cuda/cuda_calls.hpp"
 #include "codec/digest.hpp"
 
 namespace ds = deltasync;

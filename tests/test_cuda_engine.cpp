@@ -15,6 +15,7 @@
 
 #include "engine/cpu_engine.hpp"
 #include "deltasync/cuda/engine.hpp"
+#include "engine/cuda/cuda_calls.hpp"
 #include "core/error.hpp"
 #include "test_support.hpp"
 
@@ -502,18 +503,18 @@ TEST_F(CudaEngineTest, ApplyMatchesCpu) {
   TwinPatches p = valid_patches();
   cpu::apply(p.host_targets(), p.host_patches());
   cuda::Applier applier;
-  applier.apply_checked(p.device_targets(), p.device_patches(), stream_);
+  cuda::apply_checked(applier, p.device_targets(), p.device_patches(), stream_);
   EXPECT_LT(applier.status().bad_tensor, 0);
   p.expect_targets_agree();
 }
 
 TEST_F(CudaEngineTest, ApplyOfNoPatchesIsValid) {
   cuda::Applier applier;
-  applier.apply_checked({}, {}, stream_);
+  cuda::apply_checked(applier, {}, {}, stream_);
   EXPECT_LT(applier.status().bad_tensor, 0);
   TwinPatches p;
   p.add_target("untouched", 2, 10, 1);
-  applier.apply_checked(p.device_targets(), p.device_patches(), stream_);
+  cuda::apply_checked(applier, p.device_targets(), p.device_patches(), stream_);
   p.expect_targets_agree();
 }
 
@@ -536,7 +537,7 @@ void expect_rejected_like_cpu(TwinPatches& p, cudaStream_t stream, const std::st
   const std::string cpu_message = error_message([&] { cpu::apply(p.host_targets(), p.host_patches()); });
   cuda::Applier applier;
   const std::string cuda_message =
-      error_message([&] { applier.apply_checked(p.device_targets(), p.device_patches(), stream); });
+      error_message([&] { cuda::apply_checked(applier, p.device_targets(), p.device_patches(), stream); });
   EXPECT_EQ(cuda_message, cpu_message);
   EXPECT_NE(cuda_message.find(must_mention), std::string::npos) << cuda_message;
   EXPECT_GE(applier.status().bad_tensor, 0);
@@ -695,7 +696,7 @@ TEST_P(CudaEncodeTest, EncodedDeltaAppliedToTheBaseReproducesCurrent) {
                        encoder.device_values() + staged.value_offsets[t], shapes[t].first});
   }
   cuda::Applier applier;
-  applier.apply_checked(targets, patches, stream_);
+  cuda::apply_checked(applier, targets, patches, stream_);
   for (size_t t = 0; t < shapes.size(); ++t)
     EXPECT_TRUE(same_elements<uint8_t>(device_target[t]->download(), current[t])) << names[t];
 }

@@ -16,6 +16,7 @@
 #include "codec/delta_io.hpp"
 #include "codec/digest.hpp"
 #include "deltasync/cuda/engine.hpp"
+#include "engine/cuda/cuda_calls.hpp"
 #include "engine/cpu_sync_engine.hpp"
 #include "engine/cuda/cuda_sync_engine.hpp"
 #include "engine/integrity.hpp"

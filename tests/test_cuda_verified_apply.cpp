@@ -1,5 +1,7 @@
-// The GPU verified apply against the CPU one: same weights and digests on success, wrong base
-// refused with nothing written, result mismatch rolled back bit for bit, invalid patch refused.
+// The one verified apply (integrity::apply_verified) on the device transaction
+// (engine::CudaPatchTransaction over cuda::SavingApplier) against the CPU one: same weights and
+// digests on success, wrong base refused with nothing written, result mismatch rolled back bit
+// for bit, invalid patch refused.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -10,7 +12,9 @@
 
 #include "engine/cpu_engine.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "deltasync/cuda/verified_apply.hpp"
+#include "deltasync/cuda/saving_apply.hpp"
+#include "engine/cuda/cuda_calls.hpp"
+#include "engine/cuda/cuda_patch_transaction.hpp"
 #include "codec/digest.hpp"
 #include "core/error.hpp"
 #include "engine/integrity.hpp"
@@ -95,14 +99,23 @@ struct Fixture {
   }
 };
 
+// The device transaction under the one policy, on the legacy default stream.
+in::ApplyReport apply_on_device(ds::cuda::SavingApplier& applier, const Fixture& f,
+                                const std::vector<ds::PatchRef>& patches, const in::DeltaDigests& expected,
+                                std::vector<uint64_t>& current) {
+  ds::engine::CudaPatchTransaction transaction(applier, nullptr);
+  const std::vector<ds::TensorRef> targets = f.targets();
+  return in::apply_verified(targets, patches, expected, current, 1, transaction);
+}
+
 }  // namespace
 
 TEST(CudaVerifiedApply, AppliesLikeTheCpu) {
   SKIP_WITHOUT_GPU();
   Fixture f;
   std::vector<uint64_t> current = ds::digest_tensors(f.host_refs(f.base));
-  ds::cuda::VerifiedApplier applier;
-  const auto report = applier.apply(f.targets(), f.patches(), f.expected, current, 1, nullptr);
+  ds::cuda::SavingApplier applier;
+  const auto report = apply_on_device(applier, f, f.patches(), f.expected, current);
   EXPECT_EQ(report.elements_changed, f.delta.view().total_changed());
   EXPECT_EQ(f.device_state(), f.next);
   EXPECT_EQ(current, ds::digest_tensors(f.host_refs(f.next)));
@@ -113,8 +126,8 @@ TEST(CudaVerifiedApply, WrongBaseWritesNothing) {
   Fixture f;
   std::vector<uint64_t> current = ds::digest_tensors(f.host_refs(f.base));
   current[0] ^= 1;  // the receiver's "a" is not the delta's base
-  ds::cuda::VerifiedApplier applier;
-  EXPECT_THROW(applier.apply(f.targets(), f.patches(), f.expected, current, 1, nullptr), ds::Error);
+  ds::cuda::SavingApplier applier;
+  EXPECT_THROW(apply_on_device(applier, f, f.patches(), f.expected, current), ds::Error);
   EXPECT_EQ(f.device_state(), f.base);
 }
 
@@ -124,9 +137,9 @@ TEST(CudaVerifiedApply, ResultMismatchRollsBackBitExactly) {
   f.expected.result["c"] += 1;
   std::vector<uint64_t> current = ds::digest_tensors(f.host_refs(f.base));
   const auto before = current;
-  ds::cuda::VerifiedApplier applier;
+  ds::cuda::SavingApplier applier;
   try {
-    applier.apply(f.targets(), f.patches(), f.expected, current, 1, nullptr);
+    apply_on_device(applier, f, f.patches(), f.expected, current);
     ADD_FAILURE() << "no error";
   } catch (const ds::Error& e) {
     EXPECT_NE(std::string(e.what()).find("result digest mismatch for tensor c"), std::string::npos) << e.what();
@@ -145,7 +158,7 @@ TEST(CudaVerifiedApply, InvalidPatchWritesNothing) {
                              cudaMemcpyHostToDevice),
                   "poison index");
   std::vector<uint64_t> current = ds::digest_tensors(f.host_refs(f.base));
-  ds::cuda::VerifiedApplier applier;
-  EXPECT_THROW(applier.apply(f.targets(), patches, f.expected, current, 1, nullptr), ds::Error);
+  ds::cuda::SavingApplier applier;
+  EXPECT_THROW(apply_on_device(applier, f, patches, f.expected, current), ds::Error);
   EXPECT_EQ(f.device_state(), f.base);
 }

@@ -364,3 +364,53 @@ TEST(IntegrityApply, AChainOfDeltasKeepsDigestsCurrentInOChanged) {
   }
   EXPECT_EQ(current, ds::digest_tensors(f1.refs(weights)));
 }
+
+namespace {
+
+// A transaction that writes nothing itself and reports a chosen shift per target: the policy of
+// the one verified apply, seen from outside.
+struct RecordingTransaction final : in::PatchTransaction {
+  std::vector<uint64_t> shifts_to_report;
+  int writes = 0, undos = 0;
+  void write(std::span<const ds::TensorRef>, std::span<const ds::PatchRef>, std::span<uint64_t> shifts) override {
+    ++writes;
+    std::copy(shifts_to_report.begin(), shifts_to_report.end(), shifts.begin());
+  }
+  void undo(std::span<const ds::TensorRef>) override { ++undos; }
+};
+
+}  // namespace
+
+TEST(IntegrityApply, OnePolicyOverAnyTransaction) {
+  Fixture f;
+  const auto expected = f.digests();
+  auto weights = f.base;
+  auto targets = f.targets(weights);
+  auto patches = f.patches();
+  const std::vector<uint64_t> before = ds::digest_tensors(f.refs(f.base));
+  const std::vector<uint64_t> after = ds::digest_tensors(f.refs(f.next));
+  RecordingTransaction tx;
+  for (size_t t = 0; t < before.size(); ++t) tx.shifts_to_report.push_back(after[t] - before[t]);
+
+  // The promised shifts: accepted, digests advanced, nothing undone.
+  std::vector<uint64_t> current = before;
+  in::apply_verified(targets, patches, expected, current, 7, tx);
+  EXPECT_EQ(current, after);
+  EXPECT_EQ(tx.writes, 1);
+  EXPECT_EQ(tx.undos, 0);
+
+  // A wrong base: refused before the transaction writes anything.
+  current = before;
+  current[2] ^= 1;
+  EXPECT_THROW(in::apply_verified(targets, patches, expected, current, 7, tx), ds::Error);
+  EXPECT_EQ(tx.writes, 1);
+
+  // A shift that misses the promise: undone once, the digests left as they were.
+  current = before;
+  tx.shifts_to_report[2] += 1;
+  expect_error_containing([&] { in::apply_verified(targets, patches, expected, current, 7, tx); },
+                          "result digest mismatch for tensor mlp");
+  EXPECT_EQ(tx.writes, 2);
+  EXPECT_EQ(tx.undos, 1);
+  EXPECT_EQ(current, before);
+}

@@ -14,6 +14,7 @@
 #include "cuda_device_fixture.hpp"
 #include "deltasync/cuda/digest.hpp"
 #include "deltasync/cuda/engine.hpp"
+#include "engine/cuda/cuda_calls.hpp"
 #include "format/delta_file.hpp"
 #include "core/error.hpp"
 #include "format/safetensors.hpp"
@@ -319,7 +320,7 @@ void end_to_end(State& state) {
         check(cudaMemcpyAsync(indices.data(), pinned_indices, index_bytes, cudaMemcpyHostToDevice, gpu.stream()), "upload indices");
         check(cudaMemcpyAsync(values.data(), pinned_values, value_bytes, cudaMemcpyHostToDevice, gpu.stream()), "upload values");
       }
-      applier.apply_checked(targets, patches, gpu.stream());
+      cuda::apply_checked(applier, targets, patches, gpu.stream());
       lap(phase_ms[3]);
       file_bytes = static_cast<double>(opened.size_bytes());
     });

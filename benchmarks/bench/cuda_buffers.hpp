@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "deltasync/cuda/engine.hpp"
+#include "engine/cuda/cuda_calls.hpp"
 
 namespace deltasync::bench {
 

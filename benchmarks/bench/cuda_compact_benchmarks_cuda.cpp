@@ -16,6 +16,8 @@
 #include "engine/cpu_engine.hpp"
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
+#include "engine/cuda/compact_decode.hpp"
+#include "engine/cuda/cuda_calls.hpp"
 #include "core/error.hpp"
 #include "host_fixture.hpp"
 
@@ -72,7 +74,7 @@ void compact_encode(State& state) {
   state.declare(k, k * (8 + 2 * w));  // positions, new and base bits read (as the CPU row)
   cuda::CompactEncoder encoder;
   std::vector<compact::EncodedTensor> encoded;
-  state.measure([&] { return gpu.time([&] { encoded = encoder.encode(metas, device_view(diff), gpu.stream()); }); });
+  state.measure([&] { return gpu.time([&] { encoded = cuda::encode_compact(encoder, metas, device_view(diff), gpu.stream()); }); });
   if (state.skipped()) return;
   expect_cpu_bytes(encoded, metas, encode_untimed(*m->host, "compact setup"), "compact_encode");
   state.add_note("B/changed", fixed(k > 0 ? encoded_bytes(encoded) / k : 0));
@@ -95,7 +97,7 @@ void compact_decode(State& state) {
   const auto base = m->host->model.const_refs(m->base->data());
   const double k = static_cast<double>(delta.indices.size()), w = m->host->model.width();
   state.declare(k, encoded_bytes(encoded) + k * (8 + 3 * w));  // as the CPU row
-  cuda::CompactDecoder decoder;
+  engine::DeviceCompactDecode decoder;
   state.measure([&] { return gpu.time([&] { decoder.decode(views, metas, base, "bench", gpu.stream()); }); });
   if (state.skipped()) return;
   const cuda::DeviceDecodedDelta& d = decoder.decode(views, metas, base, "bench", gpu.stream());
@@ -132,7 +134,7 @@ void encode_compact(State& state) {
     m->reset_shadow(gpu.stream());
     const double s = gpu.time([&] {
       check(diff.encode(items, gpu.stream()), "encode");
-      encoded = encoder.encode(metas, device_view(diff), gpu.stream());
+      encoded = cuda::encode_compact(encoder, metas, device_view(diff), gpu.stream());
     });
     combined.push_back(s);
     return s;

@@ -10,6 +10,7 @@
 
 #include "cuda_buffers.hpp"
 #include "deltasync/cuda/engine.hpp"
+#include "engine/cuda/cuda_calls.hpp"
 #include "harness.hpp"
 #include "host_fixture.hpp"
 

@@ -23,6 +23,7 @@
 #include "cuda_buffers.hpp"
 #include "cuda_device_fixture.hpp"
 #include "engine/cpu_engine.hpp"
+#include "engine/cuda/cuda_calls.hpp"
 #include "engine/cuda/cuda_sync_engine.hpp"
 #include "engine/integrity.hpp"
 #include "host_fixture.hpp"

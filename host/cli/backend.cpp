@@ -1,11 +1,10 @@
 #include "backend.hpp"
 
+#include <algorithm>
+
+#include "codec/digest.hpp"
 #include "core/error.hpp"
-#include "engine/cpu_engine.hpp"
 #include "engine/select.hpp"
-#ifdef DELTASYNC_WITH_CUDA
-#include "deltasync/cuda/engine.hpp"
-#endif
 
 namespace deltasync::cli {
 
@@ -24,46 +23,90 @@ Backend choose_backend(const ParsedArgs& args) {
 
 const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu"; }
 
-void encode_on(Backend backend, std::span<const EncodeItem> items, SparseDelta& out) {
-#ifdef DELTASYNC_WITH_CUDA
-  if (backend == Backend::Cuda) return encode_cuda(items, out);
-#endif
-  (void)backend;
-  cpu::encode(items, out);
+std::unique_ptr<engine::SyncEngine> make_engine(Backend backend) {
+  return engine::make_engine(backend == Backend::Cuda ? engine::Device::kCuda : engine::Device::kCpu);
 }
 
-void encode_compact_on(Backend backend, std::span<const EncodeItem> items, std::span<const TensorMeta> tensors,
-                       const compact::Options& options, SparseDelta& out,
-                       std::vector<compact::EncodedTensor>& encoded) {
-#ifdef DELTASYNC_WITH_CUDA
-  if (backend == Backend::Cuda) return encode_cuda(items, out, tensors, options, &encoded);
-#endif
-  (void)backend;
-  cpu::encode(items, out);
-  encoded = compact::encode(tensors, out.view(), options);
+namespace {
+
+uint64_t padded(uint64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+PlacedTensors::PlacedTensors(engine::SyncEngine& engine, std::span<const ConstTensorRef> host) : engine_(engine) {
+  place(host);
 }
 
-void encode_delta_on(Backend backend, std::span<const EncodeItem> items, std::span<const TensorMeta> tensors,
-                     DeltaFormat format, EncodedDelta& out) {
-  out.format = format;
-  out.compact.clear();
-  if (format == DeltaFormat::Compact) return encode_compact_on(backend, items, tensors, {}, out.changes, out.compact);
-  encode_on(backend, items, out.changes);
+PlacedTensors::PlacedTensors(engine::SyncEngine& engine, std::span<const TensorRef> host)
+    : engine_(engine), writable_(true) {
+  std::vector<ConstTensorRef> views;
+  for (const TensorRef& t : host) views.push_back({t.name, t.data, t.numel, t.width});
+  place(views);
 }
 
-void write_encoded_delta(const std::string& path, std::span<const TensorMeta> tensors, EncodedDelta& delta,
-                         const DeltaInfo& info) {
-  if (delta.format == DeltaFormat::Compact)
-    return compact::write_compact_delta(path, tensors, delta.changes.view(), info, std::move(delta.compact));
-  write_delta(path, delta.format, tensors, delta.changes.view(), info);
+void PlacedTensors::place(std::span<const ConstTensorRef> host) {
+  for (const ConstTensorRef& t : host) host_.push_back({t.name, const_cast<void*>(t.data), t.numel, t.width});
+  if (engine_.device() == engine::Device::kCpu) {
+    placed_ = host_;
+    return;
+  }
+  uint64_t total = 0;
+  for (const TensorRef& t : host_) total += padded(t.numel * t.width);
+  memory_ = engine_.allocate(total);
+  uint64_t at = 0;
+  for (const TensorRef& t : host_) {
+    placed_.push_back({t.name, static_cast<uint8_t*>(memory_->data()) + at, t.numel, t.width});
+    at += padded(t.numel * t.width);
+  }
+  for (size_t t = 0; t < host_.size(); ++t) upload(t, host_[t].data);
 }
 
-void apply_on(Backend backend, std::span<const TensorRef> targets, std::span<const PatchRef> patches) {
-#ifdef DELTASYNC_WITH_CUDA
-  if (backend == Backend::Cuda) return apply_cuda(targets, patches);
-#endif
-  (void)backend;
-  cpu::apply(targets, patches);
+std::vector<ConstTensorRef> PlacedTensors::views() const {
+  std::vector<ConstTensorRef> out;
+  for (const TensorRef& t : placed_) out.push_back({t.name, t.data, t.numel, t.width});
+  return out;
+}
+
+std::vector<TensorRef> PlacedTensors::refs() const {
+  if (!writable_) throw Error("internal: writable tensors asked of read-only ones");
+  return placed_;
+}
+
+void PlacedTensors::upload(size_t t, const void* bytes) {
+  const TensorRef& where = placed_[t];
+  if (where.data == bytes) return;  // the CPU engine works on the host memory itself
+  engine_.write(where, 0, {static_cast<const uint8_t*>(bytes), where.numel * where.width});
+}
+
+void PlacedTensors::download() {
+  if (!writable_) return;
+  for (size_t t = 0; t < placed_.size(); ++t) {
+    if (placed_[t].data == host_[t].data) continue;
+    const ConstTensorRef source{placed_[t].name, placed_[t].data, placed_[t].numel, placed_[t].width};
+    engine_.read(source, 0, {static_cast<uint8_t*>(host_[t].data), host_[t].numel * host_[t].width});
+  }
+}
+
+std::vector<uint64_t> engine_digests(engine::SyncEngine& engine, std::span<const ConstTensorRef> tensors) {
+  for (const ConstTensorRef& t : tensors) check_digest_width(t.width, t.name);  // before any copy
+  if (engine.device() == engine::Device::kCpu) return engine.digests(tensors);
+  // Device memory used per batch: big enough to keep the copy engine busy, small enough to fit
+  // next to a running inference server.
+  constexpr uint64_t kBatchBytes = uint64_t{1} << 30;
+  std::vector<uint64_t> out;
+  out.reserve(tensors.size());
+  for (size_t first = 0; first < tensors.size();) {
+    size_t last = first;
+    uint64_t used = 0;
+    while (last < tensors.size() &&
+           (last == first || used + padded(tensors[last].numel * tensors[last].width) <= kBatchBytes))
+      used += padded(tensors[last].numel * tensors[last].width), ++last;
+    const PlacedTensors batch(engine, tensors.subspan(first, last - first));
+    const std::vector<uint64_t> digests = engine.digests(batch.views());
+    out.insert(out.end(), digests.begin(), digests.end());
+    first = last;
+  }
+  return out;
 }
 
 }  // namespace deltasync::cli

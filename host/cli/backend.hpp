@@ -1,14 +1,19 @@
-// Which engine a command runs on: the CUDA kernels when a GPU is present (or --gpu), the CPU
-// twin otherwise (or --cpu). Commands hand host buffers to these functions; the CUDA path
-// moves them to the device and back, so both backends are interchangeable byte for byte.
+// Which engine a command runs on -- the CUDA engine when a GPU is present (or --gpu), the CPU
+// twin otherwise (or --cpu); engine/select says what exists -- and where the command's host
+// tensors (mapped or loaded files) live for it. Every step of a command is the engine's:
+// encode, digests, the verified apply. The CLI only places tensors: on the CPU engine they are
+// used where they are; on CUDA they are copied into the engine's memory (SyncEngine::allocate,
+// write, read), so both backends are interchangeable byte for byte.
 #pragma once
+#include <memory>
+#include <set>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "args.hpp"
-#include "codec/compact_codec.hpp"
-#include "codec/delta_io.hpp"
-#include "core/sparse_delta.hpp"
 #include "core/tensor.hpp"
+#include "engine/engine.hpp"
 
 namespace deltasync::cli {
 
@@ -20,38 +25,37 @@ inline const std::set<std::string> kBackendSwitches = {"--cpu", "--gpu"};
 // --cpu / --gpu, else CUDA when built in and a device is present. Throws for --gpu without one.
 Backend choose_backend(const ParsedArgs& args);
 const char* backend_name(Backend b);
+std::unique_ptr<engine::SyncEngine> make_engine(Backend backend);
 
-// cpu::encode semantics on host buffers (shadows updated in place).
-void encode_on(Backend backend, std::span<const EncodeItem> items, SparseDelta& out);
-// encode_on, and the compact encoding of its result (compact::encode semantics, byte-identical
-// on both backends). On CUDA the change set is compacted on the device before it is staged, so
-// the compact bytes never wait for a host-side codec pass. `tensors` describes items in order.
-void encode_compact_on(Backend backend, std::span<const EncodeItem> items, std::span<const TensorMeta> tensors,
-                       const compact::Options& options, SparseDelta& out,
-                       std::vector<compact::EncodedTensor>& encoded);
-// A delta in the layout it will be written in: the change set, and for the compact layout its
-// encoded tensors (from the GPU codec on the CUDA backend).
-struct EncodedDelta {
-  DeltaFormat format = DeltaFormat::Compact;
-  SparseDelta changes;
-  std::vector<compact::EncodedTensor> compact;
+// Host tensors as the engine sees them: the host memory itself on the CPU engine, else a copy
+// in one block of the engine's memory (each tensor 256-byte aligned). Valid while *this lives.
+class PlacedTensors {
+ public:
+  PlacedTensors(engine::SyncEngine& engine, std::span<const ConstTensorRef> host);
+  // Writable host tensors: download() brings the engine's copy back into them.
+  PlacedTensors(engine::SyncEngine& engine, std::span<const TensorRef> host);
+
+  std::vector<ConstTensorRef> views() const;
+  // Writable tensors: only of the writable form (Error otherwise: the CPU engine would write
+  // into the caller's read-only memory).
+  std::vector<TensorRef> refs() const;
+  // Tensor t := `bytes` (its full size), e.g. the next step of a trainer.
+  void upload(size_t t, const void* bytes);
+  // The engine's bits of every tensor back into the writable host tensors (no-op on the CPU).
+  void download();
+
+ private:
+  void place(std::span<const ConstTensorRef> host);
+
+  engine::SyncEngine& engine_;
+  std::unique_ptr<engine::EngineMemory> memory_;
+  bool writable_ = false;
+  std::vector<TensorRef> host_;    // what the caller passed (data const-cast for the read-only form)
+  std::vector<TensorRef> placed_;  // where the engine works on them
 };
-// encode_on, or encode_compact_on for the compact layout (default codec options).
-void encode_delta_on(Backend backend, std::span<const EncodeItem> items, std::span<const TensorMeta> tensors,
-                     DeltaFormat format, EncodedDelta& out);
-// Writes it atomically; the compact tensors are moved into the file.
-void write_encoded_delta(const std::string& path, std::span<const TensorMeta> tensors, EncodedDelta& delta,
-                         const DeltaInfo& info);
 
-// cpu::apply semantics on host buffers (nothing written on an invalid patch).
-void apply_on(Backend backend, std::span<const TensorRef> targets, std::span<const PatchRef> patches);
-
-#ifdef DELTASYNC_WITH_CUDA
-void encode_cuda(std::span<const EncodeItem> items, SparseDelta& out);
-// encode_cuda plus the GPU compact codec; `encoded` may be null (plain encode).
-void encode_cuda(std::span<const EncodeItem> items, SparseDelta& out, std::span<const TensorMeta> tensors,
-                 const compact::Options& options, std::vector<compact::EncodedTensor>* encoded);
-void apply_cuda(std::span<const TensorRef> targets, std::span<const PatchRef> patches);
-#endif
+// Full digests of host tensors (e.g. a mapped file) on the engine, in batches of at most 1 GiB of
+// engine memory (a tensor larger than that gets a batch of its own).
+std::vector<uint64_t> engine_digests(engine::SyncEngine& engine, std::span<const ConstTensorRef> tensors);
 
 }  // namespace deltasync::cli

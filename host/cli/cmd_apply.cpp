@@ -14,7 +14,6 @@
 #include "checkpoint.hpp"
 #include "format/atomic_file.hpp"
 #include "codec/delta_io.hpp"
-#include "codec/digest.hpp"
 #include "core/error.hpp"
 #include "engine/integrity.hpp"
 
@@ -23,7 +22,6 @@ namespace {
 
 constexpr const char* kUsage = "apply BASE DELTA -o OUT [--cpu|--gpu]";
 
-// Full digests of the tensors the delta changes (0 for the others), in base tensor order.
 // The part of a delta that patches one file (one shard of a folder, or the whole file):
 // patches[t] for the file's tensor t, and the promises about those tensors.
 struct FilePatch {
@@ -32,12 +30,14 @@ struct FilePatch {
   uint64_t model_version = 0;
 };
 
-std::vector<uint64_t> changed_digests(const CheckpointImage& image, const FilePatch& delta) {
-  const std::vector<ConstTensorRef> all = image.views();
+// Full digests of the tensors the delta changes (0 for the others), in file tensor order, on the
+// engine: `all` in its memory already, or host tensors it reads in batches.
+std::vector<uint64_t> changed_digests(engine::SyncEngine& engine, const std::vector<ConstTensorRef>& all,
+                                      const FilePatch& delta, bool in_engine_memory) {
   std::vector<ConstTensorRef> changed;
   for (size_t t = 0; t < all.size(); ++t)
     if (delta.patches[t].count) changed.push_back(all[t]);
-  const std::vector<uint64_t> d = digest_tensors(changed);
+  const std::vector<uint64_t> d = in_engine_memory ? engine.digests(changed) : engine_digests(engine, changed);
   std::vector<uint64_t> out(all.size(), 0);
   for (size_t t = 0, k = 0; t < all.size(); ++t)
     if (delta.patches[t].count) out[t] = d[k++];
@@ -51,26 +51,7 @@ integrity::DigestMap by_name(const CheckpointImage& image, const FilePatch& delt
   return out;
 }
 
-// Applies with the delta's promises checked. On the CPU the result check costs O(changed
-// elements) (digests updated from the old bits, rolled back on a mismatch); the GPU path checks
-// the result by rehashing the changed tensors once they are back on the host. Returns the
-// digests after the apply (0 for unchanged tensors).
-std::vector<uint64_t> apply_checked(Backend backend, CheckpointImage& image, const FilePatch& delta,
-                                    const integrity::DeltaDigests& promises, std::optional<uint64_t> version) {
-  std::vector<uint64_t> digests = changed_digests(image, delta);
-  const std::vector<TensorRef> targets = image.targets();
-  if (backend == Backend::Cpu) {
-    integrity::apply_verified(targets, delta.patches, promises, digests, version);
-    return digests;
-  }
-  integrity::check_base(promises, version, by_name(image, delta, digests));
-  apply_on(backend, targets, delta.patches);
-  digests = changed_digests(image, delta);
-  integrity::check_result(promises, by_name(image, delta, digests));
-  return digests;
-}
-
-void write_output(const std::string& path, CheckpointImage& image, const FilePatch& delta,
+void write_output(engine::SyncEngine& engine, const std::string& path, CheckpointImage& image, const FilePatch& delta,
                   const std::vector<uint64_t>& new_digests) {
   const st::Metadata& old_md = image.file.metadata();
   const bool versioned = old_md.count("model_version") > 0;
@@ -85,7 +66,7 @@ void write_output(const std::string& path, CheckpointImage& image, const FilePat
   if (old_digests) {
     integrity::DigestMap digests = *old_digests;
     const bool known = !new_digests.empty();
-    const std::vector<uint64_t> fresh = known ? new_digests : changed_digests(image, delta);
+    const std::vector<uint64_t> fresh = known ? new_digests : changed_digests(engine, image.views(), delta, false);
     for (const auto& [name, d] : by_name(image, delta, fresh)) digests[name] = d;
     integrity::put_checkpoint_digests(md, digests);
   }
@@ -113,15 +94,25 @@ FilePatch file_patch(const ResolvedDelta& delta, const std::optional<integrity::
   return out;
 }
 
-// Patches one file's image in place and checks it; returns the digests after (see apply_checked).
-std::vector<uint64_t> patch_file(Backend backend, CheckpointImage& image, const FilePatch& patch,
+// Patches one file's image in place on the engine. With promises, the engine's verified apply
+// (base digests checked before anything is written, result digests in O(changed) after, every
+// byte restored on a mismatch); without, its validated scatter (nothing written for an invalid
+// patch). Returns the digests after the apply (0 for unchanged tensors; empty without promises).
+std::vector<uint64_t> patch_file(engine::SyncEngine& engine, CheckpointImage& image, const FilePatch& patch,
                                  std::optional<uint64_t> version, const std::string& delta_label) {
+  const std::vector<TensorRef> host = image.targets();
+  PlacedTensors placed(engine, std::span<const TensorRef>(host));
+  engine::TransferCounters transfer;
   if (!patch.promises) {
-    apply_on(backend, image.targets(), patch.patches);
+    engine.scatter(placed.refs(), patch.patches, transfer);
+    placed.download();
     return {};
   }
   try {
-    return apply_checked(backend, image, patch, *patch.promises, version);
+    std::vector<uint64_t> digests = changed_digests(engine, placed.views(), patch, true);
+    engine.apply_patches(placed.refs(), patch.patches, *patch.promises, digests, version, transfer);
+    placed.download();
+    return digests;
   } catch (const Error& e) {
     throw Error(delta_label + ": " + e.what());
   }
@@ -145,6 +136,7 @@ int run_apply(const Args& raw) {
   const std::string out_path = args.get("-o").value_or(args.get("--output").value_or(""));
   if (out_path.empty()) throw Error("missing -o OUT: " + std::string(kUsage));
   const Backend backend = choose_backend(args);
+  const std::unique_ptr<engine::SyncEngine> engine = make_engine(backend);
   const auto t0 = std::chrono::steady_clock::now();
 
   // The base mapped whole (the compact layout decodes values relative to its bits, reading only
@@ -161,8 +153,8 @@ int run_apply(const Args& raw) {
   if (!base.is_folder()) {
     CheckpointImage image = CheckpointImage::load(base.path());
     const FilePatch patch = file_patch(delta, promises, base_meta, 0, base_meta.size());
-    const std::vector<uint64_t> new_digests = patch_file(backend, image, patch, version, delta_file.label());
-    write_output(out_path, image, patch, new_digests);
+    const std::vector<uint64_t> new_digests = patch_file(*engine, image, patch, version, delta_file.label());
+    write_output(*engine, out_path, image, patch, new_digests);
   } else {
     FolderWriter folder(out_path);
     size_t first = 0;
@@ -171,8 +163,8 @@ int run_apply(const Args& raw) {
       const FilePatch patch = file_patch(delta, promises, base_meta, first, image.meta.size());
       first += image.meta.size();
       // Also for a shard the delta leaves alone: the version check belongs to every shard.
-      const std::vector<uint64_t> new_digests = patch_file(backend, image, patch, version, delta_file.label());
-      write_output(folder.path_of(shard.file), image, patch, new_digests);
+      const std::vector<uint64_t> new_digests = patch_file(*engine, image, patch, version, delta_file.label());
+      write_output(*engine, folder.path_of(shard.file), image, patch, new_digests);
     }
     const std::string& index = base.index_text();
     if (!index.empty()) folder.write_bytes(kIndexFileName, {reinterpret_cast<const uint8_t*>(index.data()), index.size()});

@@ -12,7 +12,7 @@
 #include "backend.hpp"
 #include "checkpoint.hpp"
 #include "codec/delta_io.hpp"
-#include "codec/digest.hpp"
+#include "codec/compact_codec.hpp"
 #include "core/error.hpp"
 #include "engine/integrity.hpp"
 #include "sim/training_sim.hpp"
@@ -77,20 +77,28 @@ int run_demo(const Args& raw) {
               static_cast<unsigned long long>(steps), std::string(delta_format_name(format)).c_str(),
               backend_name(backend), dir.c_str());
 
-  // Version 0 is shared by both sides (what an anchor would give them).
-  ModelCopy shadow = snapshot(trainer), receiver = snapshot(trainer);
-  const integrity::DigestMap initial = integrity::digest_map(receiver.views(meta));
-  std::vector<uint64_t> trainer_digests, receiver_digests;
-  for (const auto& m : meta) trainer_digests.push_back(initial.at(m.name));
-  receiver_digests = trainer_digests;
+  // Version 0 is shared by both sides (what an anchor would give them). Both run on the one
+  // engine: the trainer's weights and the receiver's copy placed in its memory, the shadow
+  // taken from the trainer's, every step encoded, written, read back and applied verified.
+  const std::unique_ptr<engine::SyncEngine> engine = make_engine(backend);
+  ModelCopy receiver = snapshot(trainer);
+  std::vector<ConstTensorRef> trainer_views;
+  for (size_t t = 0; t < meta.size(); ++t) trainer_views.push_back({meta[t].name, trainer.bf16(t), meta[t].numel(), 2});
+  PlacedTensors trainer_weights(*engine, trainer_views);
+  const std::vector<TensorRef> receiver_host = receiver.refs(meta);
+  PlacedTensors receiver_weights(*engine, std::span<const TensorRef>(receiver_host));
+  engine->reset_shadow(trainer_weights.views());
+  std::vector<uint64_t> trainer_digests = engine->digests(trainer_weights.views());
+  std::vector<uint64_t> receiver_digests = trainer_digests;
   uint64_t receiver_version = 0;
 
   std::printf("%4s %9s %12s %10s %8s %9s %9s %9s %10s  %s\n", "step", "changed", "delta", "vs full", "B/chg",
               "train ms", "encode ms", "write ms", "apply ms", "receiver");
   sim::AdamW opt;
   opt.lr = lr;
-  EncodedDelta encoded;  // reused across steps
-  const SparseDelta& delta = encoded.changes;
+  engine::EncodeRequest request;
+  request.want_coded = format == DeltaFormat::Compact;
+  engine::StagedDelta staged;  // reused across steps
   uint64_t sum_delta_bytes = 0;
   for (uint64_t version = 1; version <= steps; ++version) {
     auto t0 = Clock::now();
@@ -99,40 +107,47 @@ int run_demo(const Args& raw) {
 
     // Trainer: diff against the shadow (which then equals the new weights), record digests.
     t0 = Clock::now();
-    std::vector<EncodeItem> items;
-    for (size_t t = 0; t < meta.size(); ++t)
-      items.push_back({meta[t].name, trainer.bf16(t), shadow.tensors[t].data(), meta[t].numel(), 2});
-    encode_delta_on(backend, items, meta, format, encoded);
+    for (size_t t = 0; t < meta.size(); ++t) trainer_weights.upload(t, trainer.bf16(t));
+    engine->encode(trainer_weights.views(), request, staged);
+    staged.fill_offsets(meta);
+    integrity::DeltaDigests promises{version, version - 1, {}, {}};
+    std::vector<uint64_t> next_digests = trainer_digests;
+    staged.advance_digests(next_digests, meta);
+    for (size_t t = 0; t < meta.size(); ++t) {
+      if (staged.counts[t] == 0) continue;
+      promises.base.emplace(meta[t].name, trainer_digests[t]);
+      promises.result.emplace(meta[t].name, next_digests[t]);
+    }
+    trainer_digests = next_digests;
     DeltaInfo info;
-    info.model_version = version;
-    info.base_version = version - 1;
-    integrity::put_delta_digests(info, integrity::delta_digests(meta, delta.view(), trainer_digests, version, version - 1));
-    integrity::advance_digests(trainer_digests, meta, delta.view());
+    integrity::put_delta_digests(info, promises);
     const double encode_ms = ms_since(t0);
 
     t0 = Clock::now();
     char name[64];
     std::snprintf(name, sizeof name, "delta-%06llu.safetensors", static_cast<unsigned long long>(version));
     const std::string path = (dir / name).string();
-    write_encoded_delta(path, meta, encoded, info);
+    if (staged.coded_on_device)
+      compact::write_compact_delta(path, meta, staged.changes.view(), info, std::move(staged.coded));
+    else
+      write_delta(path, format, meta, staged.changes.view(), info);
     const double write_ms = ms_since(t0);
 
-    // Receiver: read the file, verify its base, apply in place, verify the result.
+    // Receiver: read the file; the engine verifies its base, applies it in place and verifies
+    // the result.
     t0 = Clock::now();
     const st::File file = st::File::open(path);
-    ResolvedDelta resolved;
-    resolve_delta(file, meta, receiver.views(meta), resolved);
-    const auto promises = integrity::read_delta_digests(resolved.info, file.label());
-    if (!promises) throw Error(path + ": no digests recorded");
-    const std::vector<TensorRef> targets = receiver.refs(meta);
-    integrity::apply_verified(targets, resolved.patches, *promises, receiver_digests, receiver_version);
+    engine::TransferCounters transfer;
+    engine->apply(engine::DeltaToApply{&file, version, version - 1}, meta, receiver_weights.refs(), receiver_digests,
+                  receiver_version, transfer);
     receiver_version = version;
     const double apply_ms = ms_since(t0);
+    receiver_weights.download();
 
     bool identical = true;
     for (size_t t = 0; t < meta.size() && identical; ++t)
       identical = std::memcmp(receiver.tensors[t].data(), trainer.bf16(t), meta[t].numel() * 2) == 0;
-    const uint64_t changed = delta.indices.size();
+    const uint64_t changed = staged.total_changed();
     const uint64_t bytes = file.size_bytes();
     sum_delta_bytes += bytes;
     std::printf("%4llu %8.3f%% %12s %9.1fx %8.2f %9.0f %9.1f %9.1f %10.1f  %s\n",

@@ -1,7 +1,8 @@
 // deltasync diff BASE NEW -o DELTA: the changes from BASE to NEW as a delta file, with the
 // digests that let a receiver check its base before and its weights after applying. BASE and NEW
-// are files or checkpoint folders (split alike or not: tensors are matched by name); BASE is
-// read one shard at a time, NEW is mapped.
+// are files or checkpoint folders (split alike or not: tensors are matched by name), both mapped;
+// the engine (CPU twin or CUDA) takes one base shard at a time as its shadow and encodes NEW's
+// tensors of that shard against it.
 #include <chrono>
 #include <cstdio>
 
@@ -9,15 +10,17 @@
 #include "backend.hpp"
 #include "checkpoint.hpp"
 #include "codec/delta_io.hpp"
-#include "codec/digest.hpp"
+#include "codec/compact_codec.hpp"
 #include "core/error.hpp"
 #include "engine/integrity.hpp"
 
 namespace deltasync::cli {
 namespace {
 
-// Appends the encode of the next tensors (the next shard) to `into`.
-void append_encoded(EncodedDelta& into, EncodedDelta part) {
+// Appends the engine's encode of the next tensors (the next shard) to `into`: counts, the raw
+// change set (offsets alone when it was coded on the device), coded tensors, digest shifts.
+void append_staged(engine::StagedDelta& into, engine::StagedDelta& part, std::span<const TensorMeta> part_meta) {
+  part.fill_offsets(part_meta);
   SparseDelta& a = into.changes;
   const SparseDelta& b = part.changes;
   const uint64_t changes = a.offsets.back(), value_bytes = a.value_offsets.back();
@@ -28,7 +31,18 @@ void append_encoded(EncodedDelta& into, EncodedDelta part) {
   a.indices.insert(a.indices.end(), b.indices.begin(), b.indices.end());
   a.values.insert(a.values.end(), b.values.begin(), b.values.end());
   a.base_values.insert(a.base_values.end(), b.base_values.begin(), b.base_values.end());
-  for (auto& t : part.compact) into.compact.push_back(std::move(t));
+  into.counts.insert(into.counts.end(), part.counts.begin(), part.counts.end());
+  into.coded_on_device = part.coded_on_device;
+  into.has_base_values = part.has_base_values;
+  for (auto& t : part.coded) into.coded.push_back(std::move(t));
+  if (part.digest_shifts.empty()) {
+    // Shifts from the base and new values, as the publisher takes them.
+    std::vector<uint64_t> shifts(part_meta.size(), 0);
+    part.advance_digests(shifts, part_meta);
+    into.digest_shifts.insert(into.digest_shifts.end(), shifts.begin(), shifts.end());
+  } else {
+    into.digest_shifts.insert(into.digest_shifts.end(), part.digest_shifts.begin(), part.digest_shifts.end());
+  }
 }
 
 constexpr const char* kUsage =
@@ -54,32 +68,51 @@ int run_diff(const Args& raw) {
   info.base_version = args.get_u64("--base-version");
   if (!info.base_version) info.base_version = base.recorded_version();
 
-  // One base shard in memory at a time: a writable copy, because the encode turns the base copy
-  // into NEW (it is the shadow); its digests are taken first.
-  EncodedDelta encoded;
-  encoded.format = format;
-  encoded.changes.offsets = {0};
-  encoded.changes.value_offsets = {0};
+  // One base shard at a time on the engine: its digests, the shadow taken from it, then NEW
+  // encoded against it (the compact layout coded where the change set is: on the GPU with the
+  // CUDA engine).
+  const std::unique_ptr<engine::SyncEngine> engine = make_engine(backend);
+  engine::EncodeRequest request;
+  request.want_coded = format == DeltaFormat::Compact;
+  engine::StagedDelta staged;
+  staged.changes.offsets = {0};
+  staged.changes.value_offsets = {0};
   std::vector<uint64_t> base_digests;
   size_t first = 0;  // index in `meta` of the shard's first tensor
   for (const auto& shard : base.shards()) {
-    CheckpointImage image = CheckpointImage::load(shard.path);
-    const std::vector<uint64_t> digests = digest_tensors(image.views());
-    base_digests.insert(base_digests.end(), digests.begin(), digests.end());
-    std::vector<EncodeItem> items;
-    for (size_t t = 0; t < image.meta.size(); ++t)
-      items.push_back({image.meta[t].name, next_bits[first + t], image.tensor_data(t), image.meta[t].numel(), image.meta[t].width()});
-    // The compact layout is coded where the change set is (on the GPU with the CUDA backend).
-    EncodedDelta part;
-    encode_delta_on(backend, items, image.meta, format, part);
-    append_encoded(encoded, std::move(part));
-    first += image.meta.size();
+    std::vector<ConstTensorRef> base_views, next_views;
+    std::vector<TensorMeta> shard_meta;
+    for (const auto& info : shard.data.tensors()) {
+      const TensorMeta& m = meta[first + shard_meta.size()];
+      base_views.push_back({m.name, shard.data.bytes(info).data(), m.numel(), m.width()});
+      next_views.push_back({m.name, next_bits[first + shard_meta.size()], m.numel(), m.width()});
+      shard_meta.push_back(m);
+    }
+    engine::StagedDelta part;
+    {
+      const PlacedTensors placed_base(*engine, base_views);
+      const std::vector<uint64_t> digests = engine->digests(placed_base.views());
+      base_digests.insert(base_digests.end(), digests.begin(), digests.end());
+      engine->reset_shadow(placed_base.views());
+    }
+    const PlacedTensors placed_next(*engine, next_views);
+    engine->encode(placed_next.views(), request, part);
+    append_staged(staged, part, shard_meta);
+    first += shard_meta.size();
   }
-  const SparseDelta& delta = encoded.changes;
+  const SparseDelta& delta = staged.changes;
 
-  integrity::put_delta_digests(
-      info, integrity::delta_digests(meta, delta.view(), base_digests, info.model_version, info.base_version));
-  write_encoded_delta(out_path, meta, encoded, info);
+  integrity::DeltaDigests promises{info.model_version, info.base_version, {}, {}};
+  for (size_t t = 0; t < meta.size(); ++t) {
+    if (staged.counts[t] == 0) continue;
+    promises.base.emplace(meta[t].name, base_digests[t]);
+    promises.result.emplace(meta[t].name, base_digests[t] + staged.digest_shifts[t]);
+  }
+  integrity::put_delta_digests(info, promises);
+  if (staged.coded_on_device)
+    compact::write_compact_delta(out_path, meta, delta.view(), info, std::move(staged.coded));
+  else
+    write_delta(out_path, format, meta, delta.view(), info);
 
   uint64_t total = 0, full_bytes = 0;
   for (const auto& m : meta) {
@@ -89,8 +122,8 @@ int run_diff(const Args& raw) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const uint64_t delta_bytes = st::File::open(out_path).size_bytes();
   std::printf("%s: %llu of %llu elements changed (%.4f%%), %s (full weights %s, %.1fx smaller), %s, %s backend, %.3f s\n",
-              out_path.c_str(), static_cast<unsigned long long>(delta.indices.size()),
-              static_cast<unsigned long long>(total), total ? 100.0 * delta.indices.size() / total : 0.0,
+              out_path.c_str(), static_cast<unsigned long long>(staged.total_changed()),
+              static_cast<unsigned long long>(total), total ? 100.0 * staged.total_changed() / total : 0.0,
               human_bytes(delta_bytes).c_str(), human_bytes(full_bytes).c_str(),
               delta_bytes ? double(full_bytes) / delta_bytes : 0.0, std::string(delta_format_name(format)).c_str(),
               backend_name(backend), seconds);

@@ -19,7 +19,6 @@
 #include "core/error.hpp"
 #include "engine/integrity.hpp"
 #include "format/checkpoint_folder.hpp"
-#include "digest_backend.hpp"
 
 namespace deltasync::cli {
 namespace {
@@ -32,7 +31,7 @@ struct FileDigests {
   uint64_t elements = 0;
 };
 
-FileDigests digest_file(Backend backend, const st::File& file) {
+FileDigests digest_file(engine::SyncEngine& engine, const st::File& file) {
   FileDigests out;
   std::vector<ConstTensorRef> tensors;
   for (const auto& info : file.tensors()) {
@@ -44,7 +43,7 @@ FileDigests digest_file(Backend backend, const st::File& file) {
     tensors.push_back({out.names[t], file.bytes(info).data(), info.numel(), dtype_width(info.dtype)});
   }
   try {
-    out.computed = digests_on(backend, tensors);
+    out.computed = engine_digests(engine, tensors);
   } catch (const Error& e) {
     throw Error(file.label() + ": " + e.what());
   }
@@ -93,11 +92,12 @@ int run_verify(const Args& raw) {
                   ": records no digests while other shards of " + checkpoint.path() + " do");
   }
 
+  const std::unique_ptr<engine::SyncEngine> engine = make_engine(backend);
   size_t tensors = 0;
   uint64_t elements = 0;
   for (size_t s = 0; s < checkpoint.shards().size(); ++s) {
     const st::File& file = checkpoint.shards()[s].data;
-    const FileDigests d = digest_file(backend, file);  // one shard's tensors at a time
+    const FileDigests d = digest_file(*engine, file);  // one shard's tensors at a time
     tensors += d.names.size();
     elements += d.elements;
     if (recorded[s]) {

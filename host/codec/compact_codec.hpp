@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "codec/compact_block_index.hpp"
+#include "codec/compact_format.hpp"
 #include "codec/compact_symbols.hpp"
 #include "format/delta_file.hpp"
 #include "format/safetensors.hpp"
@@ -29,35 +30,6 @@
 #include "core/tensor.hpp"
 
 namespace deltasync::compact {
-
-// Written as metadata "compact_version"; readers refuse other values.
-inline constexpr uint32_t kFormatVersion = 1;
-// Changes per block: large enough that the per-block tables cost < 1%, small enough that a
-// 1%-dense 1B-element model gives thousands of blocks to spread over cores (or GPU threads).
-inline constexpr uint32_t kDefaultBlockElements = 16384;
-
-inline constexpr std::string_view kIndexSuffix = ".cindex";
-inline constexpr std::string_view kDataSuffix = ".cdata";
-
-struct Options {
-  uint32_t block_elements = kDefaultBlockElements;  // 1 .. 2^24
-  bool parallel = true;  // false: run on the calling thread only (per-core measurements)
-};
-
-// One changed tensor, encoded.
-struct EncodedTensor {
-  std::string name;                  // the model tensor's name
-  uint64_t changed = 0;              // number of changed elements
-  std::vector<uint8_t> block_index;  // content of NAME.cindex
-  std::vector<uint8_t> payload;      // content of NAME.cdata
-};
-
-// A borrowed view of an encoded tensor (e.g. pointing into a mapped file).
-struct EncodedTensorView {
-  std::string_view name;
-  std::span<const uint8_t> block_index;
-  std::span<const uint8_t> payload;
-};
 
 // Encodes every tensor with at least one change (in `tensors` order). `delta` must come from an
 // encode of `tensors` (same count, widths matching) and carry base_values. Throws Error.

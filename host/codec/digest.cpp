@@ -16,6 +16,12 @@
 
 namespace deltasync {
 
+void check_digest_width(uint32_t width, std::string_view name) {
+  if (width != 1 && width != 2 && width != 4)
+    throw BadInputError("digest: tensor " + std::string(name) + " has " + std::to_string(width) +
+                "-byte elements; digests cover 1-, 2- and 4-byte elements");
+}
+
 namespace {
 
 using digest_mix::kBlockElements;
@@ -25,11 +31,7 @@ using digest_mix::kBlockShift;
 constexpr uint64_t kChunkElements = uint64_t{1} << 20;
 static_assert(kBlockElements % kChunkElements == 0);
 
-void check_width(uint32_t width, std::string_view name) {
-  if (width != 1 && width != 2 && width != 4)
-    throw BadInputError("digest: tensor " + std::string(name) + " has " + std::to_string(width) +
-                "-byte elements; digests cover 1-, 2- and 4-byte elements");
-}
+void check_width(uint32_t width, std::string_view name) { check_digest_width(width, name); }
 
 uint32_t load_bits(const uint8_t* p, uint32_t width) {
   switch (width) {

@@ -20,6 +20,9 @@ uint64_t digest_tensor(const ConstTensorRef& tensor);
 // elements that run on the worker pool together, so many small tensors cost no more than one
 // big one. One read of the data, word-at-a-time loads.
 std::vector<uint64_t> digest_tensors(std::span<const ConstTensorRef> tensors);
+// The element widths a digest covers (1, 2, 4): BadInputError("digest: tensor NAME has N-byte
+// elements; ...") otherwise. Every engine checks with these words before hashing.
+void check_digest_width(uint32_t width, std::string_view name);
 
 // Σ term over `count` contiguous elements whose first one is element `first` of its tensor;
 // `bits` points at that element. Single-threaded. Slices of a tensor add up (mod 2^64) to the

@@ -12,6 +12,21 @@ namespace deltasync::engine {
 
 CpuSyncEngine::CpuSyncEngine(const EngineOptions& options) : kind_(options.shadow) {}
 
+namespace {
+
+class HostMemory final : public EngineMemory {
+ public:
+  explicit HostMemory(uint64_t bytes) : buffer_(bytes) {}
+  void* data() const override { return const_cast<uint8_t*>(buffer_.data()); }
+
+ private:
+  HugeBuffer buffer_;
+};
+
+}  // namespace
+
+std::unique_ptr<EngineMemory> CpuSyncEngine::allocate(uint64_t bytes) { return std::make_unique<HostMemory>(bytes); }
+
 void CpuSyncEngine::reset_shadow(std::span<const ConstTensorRef> current) {
   if (kind_ == ShadowKind::kLowByte) check_low_byte_shadow(current);
   std::vector<HugeBuffer> shadow;
@@ -140,6 +155,12 @@ integrity::ApplyReport CpuSyncEngine::apply(const DeltaToApply& delta, std::span
   resolve_delta(*delta.file, meta, base, resolved);
   const integrity::DeltaDigests expected = delta_promises(delta, resolved.info);
   return integrity::apply_verified(targets, resolved.patches, expected, digests, current_version);
+}
+
+integrity::ApplyReport CpuSyncEngine::apply_patches(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                                                    const integrity::DeltaDigests& expected, std::span<uint64_t> digests,
+                                                    std::optional<uint64_t> current_version, TransferCounters&) {
+  return integrity::apply_verified(targets, patches, expected, digests, current_version);
 }
 
 }  // namespace deltasync::engine

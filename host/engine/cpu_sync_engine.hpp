@@ -14,6 +14,7 @@ class CpuSyncEngine final : public SyncEngine {
 
   Device device() const override { return Device::kCpu; }
   void set_stream(void*) override {}
+  std::unique_ptr<EngineMemory> allocate(uint64_t bytes) override;
 
   void reset_shadow(std::span<const ConstTensorRef> current) override;
   bool has_shadow() const override { return has_shadow_; }
@@ -32,6 +33,9 @@ class CpuSyncEngine final : public SyncEngine {
   integrity::ApplyReport apply(const DeltaToApply& delta, std::span<const TensorMeta> meta,
                                std::span<const TensorRef> targets, std::span<uint64_t> digests,
                                std::optional<uint64_t> current_version, TransferCounters& transfer) override;
+  integrity::ApplyReport apply_patches(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                                       const integrity::DeltaDigests& expected, std::span<uint64_t> digests,
+                                       std::optional<uint64_t> current_version, TransferCounters& transfer) override;
 
  private:
   void encode_low_byte(std::span<const ConstTensorRef> current, StagedDelta& out);

@@ -26,6 +26,24 @@ void StagedDelta::clear() {
   transfer = {};
 }
 
+void StagedDelta::fill_offsets(std::span<const TensorMeta> tensors) {
+  if (changes.offsets.size() == tensors.size() + 1) return;
+  changes.offsets.assign(1, 0);
+  changes.value_offsets.assign(1, 0);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    changes.offsets.push_back(changes.offsets.back() + counts[t]);
+    changes.value_offsets.push_back(changes.value_offsets.back() + counts[t] * tensors[t].width());
+  }
+}
+
+void StagedDelta::advance_digests(std::span<uint64_t> digests, std::span<const TensorMeta> tensors) const {
+  if (!digest_shifts.empty()) {
+    for (size_t t = 0; t < digests.size() && t < digest_shifts.size(); ++t) digests[t] += digest_shifts[t];
+    return;
+  }
+  integrity::advance_digests(digests, tensors, changes.view());
+}
+
 integrity::DeltaDigests delta_promises(const DeltaToApply& delta, const DeltaInfo& info) {
   const std::string& label = delta.file->label();
   if (info.model_version != delta.model_version || info.base_version != delta.base_version)

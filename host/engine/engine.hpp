@@ -19,6 +19,7 @@
 #include "codec/compact_codec.hpp"
 #include "core/sparse_delta.hpp"
 #include "core/tensor.hpp"
+#include "core/transfer_counters.hpp"
 #include "engine/integrity.hpp"
 #include "format/delta_file.hpp"
 #include "format/safetensors.hpp"
@@ -37,16 +38,7 @@ enum class ShadowKind {
 };
 
 // Counters an engine call adds to, reported per version (VersionStats, SyncReport).
-struct TransferCounters {
-  uint64_t host_to_device_bytes = 0;
-  uint64_t device_to_host_bytes = 0;
-  uint64_t host_syncs = 0;  // host waits for the device (0 on the CPU engine)
-  void add(const TransferCounters& o) {
-    host_to_device_bytes += o.host_to_device_bytes;
-    device_to_host_bytes += o.device_to_host_bytes;
-    host_syncs += o.host_syncs;
-  }
-};
+using ::deltasync::TransferCounters;
 
 // A publish's change set, staged in host memory for the publisher's background thread.
 struct StagedDelta {
@@ -67,6 +59,12 @@ struct StagedDelta {
 
   uint64_t total_changed() const;
   void clear();
+  // changes.offsets / value_offsets from `counts` when the positions stayed on the device (the
+  // file's metadata needs the counts only); a no-op when they are there.
+  void fill_offsets(std::span<const TensorMeta> tensors);
+  // digests[t] (before this delta) += the shift of tensor t: from digest_shifts when the engine
+  // computed them, else from the staged base and new values (integrity::advance_digests).
+  void advance_digests(std::span<uint64_t> digests, std::span<const TensorMeta> tensors) const;
 };
 
 struct EncodeRequest {
@@ -96,10 +94,21 @@ void check_low_byte_shadow(std::span<const ConstTensorRef> current);
 void check_matches_shadow(std::span<const ConstTensorRef> current, std::span<const uint64_t> numel,
                           std::span<const uint32_t> width);
 
+// A block of the engine's memory (host memory for the CPU engine, device memory for CUDA), for
+// callers whose tensors come from files (the CLI): filled with write(), read back with read().
+class EngineMemory {
+ public:
+  virtual ~EngineMemory() = default;
+  virtual void* data() const = 0;
+};
+
 class SyncEngine {
  public:
   virtual ~SyncEngine() = default;
   virtual Device device() const = 0;
+
+  // `bytes` of the engine's memory, freed with the handle. Throws Error when it is exhausted.
+  virtual std::unique_ptr<EngineMemory> allocate(uint64_t bytes) = 0;
 
   // Where the engine's work is queued (a cudaStream_t for CUDA; ignored on the CPU). Every call
   // below is ordered on it; a call that must read a result on the host synchronizes it and
@@ -156,6 +165,14 @@ class SyncEngine {
   virtual integrity::ApplyReport apply(const DeltaToApply& delta, std::span<const TensorMeta> meta,
                                        std::span<const TensorRef> targets, std::span<uint64_t> digests,
                                        std::optional<uint64_t> current_version, TransferCounters& transfer) = 0;
+
+  // The same verified, transactional apply for patches already resolved in host memory
+  // (positions and values), e.g. one shard's part of a delta the caller resolved itself (the
+  // CLI): integrity::apply_verified with the engine's transaction, as apply() runs it. Same
+  // contract: any failure throws with every target bit-for-bit as before.
+  virtual integrity::ApplyReport apply_patches(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                                               const integrity::DeltaDigests& expected, std::span<uint64_t> digests,
+                                               std::optional<uint64_t> current_version, TransferCounters& transfer) = 0;
 };
 
 struct EngineOptions {

@@ -236,11 +236,57 @@ void exchange(const PatchRef& p, uint64_t first, uint64_t count, uint8_t* data, 
   }
 }
 
-// Steps 4 and 5 of apply_verified (defined below it).
-ApplyReport finish_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
-                            const DeltaDigests& expected, std::span<uint64_t> current_digests,
-                            const std::unordered_map<std::string_view, size_t>& by_name, const ChangedChunks& chunks,
-                            const std::vector<uint8_t>& saved);
+// The host mechanics of a verified apply (PatchTransaction over host tensors).
+class HostPatchTransaction final : public PatchTransaction {
+ public:
+  void write(std::span<const TensorRef> targets, std::span<const PatchRef> patches, std::span<uint64_t> shifts) override;
+  void undo(std::span<const TensorRef> targets) override { cpu::apply(targets, restore_); }
+
+ private:
+  std::vector<uint8_t> saved_;
+  std::vector<PatchRef> restore_;
+};
+
+// Validates (throws, nothing written), then scatters while saving the bits each write replaces:
+// one pass over the changed positions (the random accesses are the whole cost of an apply, so
+// saving must not add a second pass), O(changed) memory. Then the shifts in O(changed), from the
+// bits written (the patch values) and the bits saved: both are contiguous, so this runs at the
+// speed of the vectorized digest loop. (Reading the written bits back out of the targets would
+// be a second random pass as slow as the scatter itself, and would only re-check the two-line
+// exchange loop.)
+void HostPatchTransaction::write(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                                 std::span<uint64_t> shifts) {
+  cpu::validate(targets, patches);
+  const ChangedChunks chunks(patches);
+  saved_.assign(chunks.byte_begin.back(), 0);
+  restore_.assign(patches.begin(), patches.end());
+  for (size_t t = 0; t < restore_.size(); ++t) restore_[t].values = saved_.data() + chunks.byte_begin[t];
+  std::vector<uint64_t> partial(chunks.tasks(), 0);  // allocated before anything is written
+  parallel_for(chunks.tasks(), [&](size_t task) {
+    const auto [t, first, count] = chunks.locate(task, patches);
+    const PatchRef& p = patches[t];
+    auto* data = static_cast<uint8_t*>(targets[t].data);
+    const auto* values = static_cast<const uint8_t*>(p.values) + first * p.value_width;
+    uint8_t* old = saved_.data() + chunks.byte_begin[t] + first * p.value_width;
+    switch (p.value_width) {
+      case 1: exchange<1>(p, first, count, data, values, old); break;
+      case 2: exchange<2>(p, first, count, data, values, old); break;
+      default: exchange<4>(p, first, count, data, values, old); break;
+    }
+  });
+  parallel_for(chunks.tasks(), [&](size_t task) {
+    const auto [t, first, count] = chunks.locate(task, patches);
+    const PatchRef& p = patches[t];
+    const uint32_t w = p.value_width;
+    const auto* idx = static_cast<const uint8_t*>(p.indices) + first * p.index_width;
+    partial[task] = digest_scattered(w, count, idx, p.index_width, static_cast<const uint8_t*>(p.values) + first * w) -
+                    digest_scattered(w, count, idx, p.index_width, saved_.data() + chunks.byte_begin[t] + first * w);
+  });
+  for (size_t t = 0; t < targets.size(); ++t) {
+    shifts[t] = 0;
+    for (uint64_t task = chunks.task_begin[t]; task < chunks.task_begin[t + 1]; ++task) shifts[t] += partial[task];
+  }
+}
 
 }  // namespace
 
@@ -270,82 +316,42 @@ void check_before_apply(std::span<const TensorRef> targets, std::span<const Patc
 
 ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                            const DeltaDigests& expected, std::span<uint64_t> current_digests,
-                           std::optional<uint64_t> current_version) {
-  // 1. Every patch fits its target (throws, nothing written). The scatter below relies on it.
-  cpu::validate(targets, patches);
-  // 2. The delta's digests name exactly the tensors it changes, and the base is ours.
+                           std::optional<uint64_t> current_version, PatchTransaction& transaction) {
+  // 1. The delta's digests name exactly the tensors it changes, and the base is ours: nothing
+  //    is written for a delta made for another base.
   check_before_apply(targets, patches, expected, current_digests, current_version);
-  std::unordered_map<std::string_view, size_t> by_name;
-  for (size_t t = 0; t < targets.size(); ++t) by_name.emplace(targets[t].name, t);
-
-  // 3. Scatter, saving the bits each write replaces: one pass over the changed positions (the
-  //    random accesses are the whole cost of an apply, so saving must not add a second pass).
-  //    O(changed) memory. Positions were validated in step 1.
-  const ChangedChunks chunks(patches);
-  std::vector<uint8_t> saved(chunks.byte_begin.back());
-  std::vector<PatchRef> restore(patches.begin(), patches.end());
-  for (size_t t = 0; t < restore.size(); ++t) restore[t].values = saved.data() + chunks.byte_begin[t];
-  parallel_for(chunks.tasks(), [&](size_t task) {
-    const auto [t, first, count] = chunks.locate(task, patches);
-    const PatchRef& p = patches[t];
-    auto* data = static_cast<uint8_t*>(targets[t].data);
-    const auto* values = static_cast<const uint8_t*>(p.values) + first * p.value_width;
-    uint8_t* old = saved.data() + chunks.byte_begin[t] + first * p.value_width;
-    switch (p.value_width) {
-      case 1: exchange<1>(p, first, count, data, values, old); break;
-      case 2: exchange<2>(p, first, count, data, values, old); break;
-      default: exchange<4>(p, first, count, data, values, old); break;
-    }
-  });
-
-  // From here on every failure (a digest mismatch, or even an allocation failure) puts the
-  // saved bits back before it propagates.
+  // 2. Validate + scatter + shifts (throws with nothing written for an invalid patch).
+  std::vector<uint64_t> shifts(targets.size(), 0);
+  transaction.write(targets, patches, shifts);
+  // 3. Result digests in O(changed), compared with the promises; from here on every failure
+  //    puts the saved bits back before it propagates.
   try {
-    return finish_verified(targets, patches, expected, current_digests, by_name, chunks, saved);
+    std::vector<uint64_t> result(current_digests.begin(), current_digests.end());
+    ApplyReport report;
+    DigestMap actual;
+    for (size_t t = 0; t < targets.size(); ++t) {
+      result[t] += shifts[t];
+      report.tensors_changed += patches[t].count > 0;
+      report.elements_changed += patches[t].count;
+      if (expected.result.contains(targets[t].name)) actual.emplace(std::string(targets[t].name), result[t]);
+    }
+    check_result(expected, actual);
+    std::copy(result.begin(), result.end(), current_digests.begin());
+    return report;
   } catch (const Error& e) {
-    cpu::apply(targets, restore);
+    transaction.undo(targets);
     throw Error(std::string(e.what()) + "; weights restored to their state before the delta", e.kind());
   } catch (...) {
-    cpu::apply(targets, restore);
+    transaction.undo(targets);
     throw;
   }
 }
 
-namespace {
-
-ApplyReport finish_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
-                            const DeltaDigests& expected, std::span<uint64_t> current_digests,
-                            const std::unordered_map<std::string_view, size_t>& by_name, const ChangedChunks& chunks,
-                            const std::vector<uint8_t>& saved) {
-  // 4. Result digests in O(changed), from the bits written (the patch values) and the bits saved:
-  //    both are contiguous, so this runs at the speed of the vectorized digest loop. (Reading
-  //    the written bits back out of the targets would be a second random pass as slow as the
-  //    scatter itself, and would only re-check the two-line loop above.)
-  std::vector<uint64_t> partial(chunks.tasks(), 0);
-  parallel_for(chunks.tasks(), [&](size_t task) {
-    const auto [t, first, count] = chunks.locate(task, patches);
-    const PatchRef& p = patches[t];
-    const uint32_t w = p.value_width;
-    const auto* idx = static_cast<const uint8_t*>(p.indices) + first * p.index_width;
-    partial[task] = digest_scattered(w, count, idx, p.index_width, static_cast<const uint8_t*>(p.values) + first * w) -
-                    digest_scattered(w, count, idx, p.index_width, saved.data() + chunks.byte_begin[t] + first * w);
-  });
-  std::vector<uint64_t> result(current_digests.begin(), current_digests.end());
-  ApplyReport report;
-  for (size_t t = 0; t < targets.size(); ++t) {
-    for (uint64_t task = chunks.task_begin[t]; task < chunks.task_begin[t + 1]; ++task) result[t] += partial[task];
-    report.tensors_changed += patches[t].count > 0;
-    report.elements_changed += patches[t].count;
-  }
-
-  // 5. Compare (the caller rolls back on a mismatch).
-  DigestMap actual;
-  for (const auto& [name, digest] : expected.result) actual.emplace(name, result[by_name.at(name)]);
-  check_result(expected, actual);
-  std::copy(result.begin(), result.end(), current_digests.begin());
-  return report;
+ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                           const DeltaDigests& expected, std::span<uint64_t> current_digests,
+                           std::optional<uint64_t> current_version) {
+  HostPatchTransaction transaction;
+  return apply_verified(targets, patches, expected, current_digests, current_version, transaction);
 }
-
-}  // namespace
 
 }  // namespace deltasync::integrity

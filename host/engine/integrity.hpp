@@ -99,10 +99,9 @@ void check_base(const DeltaDigests& expected, std::optional<uint64_t> current_ve
 // Throws Error("delta N result digest mismatch for tensor NAME: expected HEX, got HEX").
 void check_result(const DeltaDigests& expected, const DigestMap& actual);
 
-// The checks of a verified apply that need no tensor data (used by apply_verified and by its
-// GPU twin cuda::VerifiedApplier): one patch and one current digest per target, unique target
-// names, a base and a result digest for every tensor the delta changes, then check_base.
-// Patch positions are not looked at (cpu::validate / the device validator do that).
+// The checks of a verified apply that need no tensor data: one patch and one current digest per
+// target, unique target names, a base and a result digest for every tensor the delta changes,
+// then check_base. Patch positions are not looked at (the transaction's write() does that).
 void check_before_apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                         const DeltaDigests& expected, std::span<const uint64_t> current_digests,
                         std::optional<uint64_t> current_version);
@@ -112,15 +111,33 @@ struct ApplyReport {
   uint64_t elements_changed = 0;
 };
 
-// Transactional in-place apply into host tensors. patches[t] patches targets[t] (count 0 where
+// The mechanics of a verified apply where the targets live (host tensors: apply_verified below;
+// device tensors: engine::CudaPatchTransaction over kernels/); the policy is apply_verified's.
+class PatchTransaction {
+ public:
+  virtual ~PatchTransaction() = default;
+  // Validates every patch and writes them all, keeping the bits each write replaces, and sets
+  // shifts[t] = digest(after) - digest(before) of targets[t] (mod 2^64), in O(changed). An
+  // invalid patch throws Error naming the tensor with nothing written.
+  virtual void write(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                     std::span<uint64_t> shifts) = 0;
+  // Puts back every bit the last write() replaced.
+  virtual void undo(std::span<const TensorRef> targets) = 0;
+};
+
+// The one transactional verified apply. patches[t] patches targets[t] (count 0 where
 // unchanged); current_digests[t] is the receiver's digest of targets[t] (all of them, or at
 // least of the changed ones; the others are neither read nor written).
-// Order: validate every patch (cpu::validate), check versions and base digests (check_base),
-// check that the delta's digests name exactly the tensors it changes, scatter while saving the
-// bits each write replaces (one pass, O(changed) memory), compute the result digests in
-// O(changed) from the saved and the written bits, compare (check_result). Any failure before
-// the scatter throws with nothing written; a result mismatch restores the saved bits — the
-// targets are then bit-for-bit as before — and throws. On success current_digests is updated.
+// Order: check versions, base digests and that the delta's digests name exactly the tensors it
+// changes (check_before_apply); validate + scatter + shifts (transaction.write); result digests
+// = current + shifts, compared (check_result). Any failure before the write throws with nothing
+// written; any failure after it (a result mismatch, anything else) undoes the write -- the
+// targets are then bit-for-bit as before -- and throws. On success current_digests is updated.
+ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                           const DeltaDigests& expected, std::span<uint64_t> current_digests,
+                           std::optional<uint64_t> current_version, PatchTransaction& transaction);
+// Host tensors: the CPU transaction (validate, one scatter pass saving the old bits, O(changed)
+// memory).
 ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                            const DeltaDigests& expected, std::span<uint64_t> current_digests,
                            std::optional<uint64_t> current_version = std::nullopt);

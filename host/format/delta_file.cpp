@@ -165,15 +165,6 @@ uint64_t metadata_u64(const st::Metadata& md, const std::string& key, const std:
 
 }  // namespace detail
 
-uint64_t TensorMeta::numel() const {
-  uint64_t n = 1;
-  for (uint64_t dim : shape) {
-    if (__builtin_mul_overflow(n, dim, &n)) throw BadInputError("tensor " + name + ": shape " + st::shape_text(shape) +
-                                                        " has more than 2^64 elements");
-  }
-  return n;
-}
-
 std::vector<TensorMeta> model_tensors(const st::File& checkpoint) {
   std::vector<TensorMeta> tensors;
   tensors.reserve(checkpoint.tensors().size());

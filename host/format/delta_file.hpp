@@ -18,17 +18,9 @@
 #include "core/dtype.hpp"
 #include "format/safetensors.hpp"
 #include "core/tensor.hpp"
+#include "core/tensor_meta.hpp"
 
 namespace deltasync {
-
-// Name, dtype and shape of one model tensor.
-struct TensorMeta {
-  std::string name;
-  DType dtype;
-  std::vector<uint64_t> shape;
-  uint64_t numel() const;
-  uint32_t width() const { return dtype_width(dtype); }
-};
 
 struct DeltaInfo {
   uint64_t model_version = 0;

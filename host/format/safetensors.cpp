@@ -282,15 +282,6 @@ class FileDescriptor {
 
 }  // namespace
 
-std::string shape_text(std::span<const uint64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 uint64_t TensorInfo::numel() const {
   const auto n = shape_numel(shape);
   if (!n) throw BadInputError("tensor " + name + ": shape " + shape_text(shape) + " has more than 2^64 elements");

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "core/tensor_meta.hpp"
 
 namespace deltasync::st {
 
@@ -34,8 +35,8 @@ struct TensorInfo {
 
 using Metadata = std::map<std::string, std::string>;
 
-// "[2, 3]": a shape as error messages print it.
-std::string shape_text(std::span<const uint64_t> shape);
+// "[2, 3]": a shape as error messages print it (core/tensor_meta.hpp).
+using ::deltasync::shape_text;
 
 class File {
  public:

@@ -26,18 +26,6 @@ uint64_t unix_ms() {
 // next one; one coded on the device, or without base bits (low-memory shadow), cannot.
 bool mergeable(const engine::StagedDelta& d) { return d.has_base_values && !d.coded_on_device; }
 
-// The change set's per-tensor offsets from its counts, for a delta whose positions stayed on the
-// device (coded there): the file's metadata needs the counts only.
-void fill_offsets(std::span<const TensorMeta> tensors, engine::StagedDelta& d) {
-  if (d.changes.offsets.size() == tensors.size() + 1) return;
-  d.changes.offsets.assign(1, 0);
-  d.changes.value_offsets.assign(1, 0);
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    d.changes.offsets.push_back(d.changes.offsets.back() + d.counts[t]);
-    d.changes.value_offsets.push_back(d.changes.value_offsets.back() + d.counts[t] * tensors[t].width());
-  }
-}
-
 // True when the store holds exactly this manifest (a create whose answer was lost).
 bool stored_manifest_is(Store& store, const protocol::Manifest& manifest) {
   const std::string text = protocol::to_json(manifest);
@@ -514,16 +502,14 @@ void Publisher::upload(Job& job) {
                   (before.last_version ? std::to_string(*before.last_version) : "none"));
     if (uploaded_digests_.size() != tensors_.size()) throw Error("publisher: no digests of the base version (restore() not called?)");
     engine::StagedDelta& staged = job.staged;
-    fill_offsets(tensors_, staged);
+    staged.fill_offsets(tensors_);
     // Result digests in O(changed): from the engine's shifts, from the base and new bits, or
     // (low-memory shadow) the full digests taken at publish time.
     result_digests = uploaded_digests_;
     if (!job.full_digests.empty()) {
       result_digests = job.full_digests;
-    } else if (!staged.digest_shifts.empty()) {
-      for (size_t t = 0; t < tensors_.size(); ++t) result_digests[t] += staged.digest_shifts[t];
     } else {
-      integrity::advance_digests(result_digests, tensors_, staged.changes.view());
+      staged.advance_digests(result_digests, tensors_);
     }
     integrity::DeltaDigests dd;
     dd.model_version = job.version;

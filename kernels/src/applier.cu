@@ -7,9 +7,9 @@
 
 #include "apply_kernels.cuh"
 #include "deltasync/cuda/engine.hpp"
-#include "core/error.hpp"
 #include "device_buffers.cuh"
 #include "nvtx_ranges.cuh"
+#include "refusal.cuh"
 
 namespace deltasync::cuda {
 
@@ -35,33 +35,40 @@ struct Applier::State {
 
 namespace {
 
-// The header checks of cpu::validate, in its order. Returns the first tensor whose values have
-// the wrong width (reported through the status, like index errors), or -1; throws for the
-// errors that are the caller's bug rather than a bad delta.
-int64_t check_patch_headers(std::span<const TensorRef> targets, std::span<const PatchRef> patches) {
+// The header checks of cpu::validate, in its order. Sets `width_mismatch` to the first tensor
+// whose values have the wrong width (reported through the status, like index errors), or -1;
+// refuses (cudaErrorInvalidValue, reason for take_refusal()) the errors that are the caller's
+// bug rather than a bad delta.
+cudaError_t check_patch_headers(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                                int64_t& width_mismatch) {
+  width_mismatch = -1;
   if (targets.size() != patches.size())
-    throw Error("apply: " + std::to_string(patches.size()) + " patches for " + std::to_string(targets.size()) +
-                " tensors");
+    return detail::refuse("apply: " + std::to_string(patches.size()) + " patches for " +
+                          std::to_string(targets.size()) + " tensors");
   for (size_t t = 0; t < targets.size(); ++t) {
     const std::string name(targets[t].name);
     const uint32_t width = targets[t].width;
     if (width != 1 && width != 2 && width != 4)
-      throw Error("tensor " + name + ": element width " + std::to_string(width) + " is not 1, 2 or 4 bytes");
+      return detail::refuse("tensor " + name + ": element width " + std::to_string(width) + " is not 1, 2 or 4 bytes");
     const PatchRef& p = patches[t];
     if (p.count == 0) continue;
-    if (p.value_width != width) return static_cast<int64_t>(t);
+    if (p.value_width != width) {
+      width_mismatch = static_cast<int64_t>(t);
+      return cudaSuccess;
+    }
     if (p.index_width != 4 && p.index_width != 8)
-      throw Error("tensor " + name + ": index width " + std::to_string(p.index_width) + " is not 4 or 8 bytes");
+      return detail::refuse("tensor " + name + ": index width " + std::to_string(p.index_width) +
+                            " is not 4 or 8 bytes");
     if (p.count > targets[t].numel)
-      throw Error("tensor " + name + ": " + std::to_string(p.count) + " changes for " +
-                  std::to_string(targets[t].numel) + " elements");
+      return detail::refuse("tensor " + name + ": " + std::to_string(p.count) + " changes for " +
+                            std::to_string(targets[t].numel) + " elements");
     if (targets[t].data == nullptr || p.indices == nullptr || p.values == nullptr)
-      throw Error("tensor " + name + ": null device pointer");
+      return detail::refuse("tensor " + name + ": null device pointer");
     if (reinterpret_cast<uintptr_t>(targets[t].data) % width != 0 ||
         reinterpret_cast<uintptr_t>(p.indices) % p.index_width != 0)
-      throw Error("tensor " + name + ": misaligned device pointer");
+      return detail::refuse("tensor " + name + ": misaligned device pointer");
   }
-  return -1;
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -83,7 +90,9 @@ Applier::~Applier() {
 cudaError_t Applier::apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                            cudaStream_t stream) {
   detail::scoped_range range{"apply"};
-  const int64_t width_mismatch = check_patch_headers(targets, patches);
+  int64_t width_mismatch = -1;
+  if (const cudaError_t refused = check_patch_headers(targets, patches, width_mismatch); refused != cudaSuccess)
+    return refused;
   State& s = *state_;
   s.transfer = {};
 
@@ -166,15 +175,6 @@ const TransferCounters& Applier::transfer() const { return state_->transfer; }
 
 ApplyStatus Applier::status() const {
   return state_->status_host.data() == nullptr ? ApplyStatus{} : *state_->status_host.data();
-}
-
-void Applier::apply_checked(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
-                            cudaStream_t stream) {
-  check(apply(targets, patches, stream), "apply");
-  check(cudaStreamSynchronize(stream), "apply: synchronize");
-  ++state_->transfer.host_syncs;
-  const ApplyStatus result = status();
-  if (result.bad_tensor >= 0) throw Error(describe(result, targets));
 }
 
 }  // namespace deltasync::cuda

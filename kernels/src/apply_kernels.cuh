@@ -3,7 +3,7 @@
 //
 // Errors are reported exactly as the CPU twin (cpu::validate) reports them. It first checks each
 // patch's header in tensor order (the host does that here: a width mismatch becomes a status, the
-// other header errors are thrown before anything is queued), then every index, reporting the
+// other header errors are refused before anything is queued), then every index, reporting the
 // lowest bad tensor and within it the lowest bad position.
 //
 // The patch elements of all tensors form one virtual sequence: element e belongs to patch t with

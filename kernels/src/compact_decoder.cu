@@ -1,7 +1,8 @@
 // Host dispatch of the GPU compact decoder (kernels: compact_decode_kernels.cuh). The block
-// index is small (32 bytes per 16K changes) and decides every output size, so it is validated
-// here on the host by the parser the CPU codec uses (compact::parse_block_index); the payloads are uploaded in one copy and the blocks decoded on the device.
-// One synchronization reads the status; a second one fetches the details of a bad block.
+// index is small (32 bytes per 16K changes) and decides every output size, so the caller has
+// validated it on the host with the parser the CPU codec uses (compact::parse_encoded_tensors);
+// the payloads are uploaded in one copy and the blocks decoded on the device. The caller's one
+// synchronization brings the status; finish() fetches the details of a bad block.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -14,9 +15,9 @@
 #include "codec/compact_block_index.hpp"
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "core/error.hpp"
 #include "device_buffers.cuh"
 #include "nvtx_ranges.cuh"
+#include "refusal.cuh"
 
 namespace deltasync::cuda {
 
@@ -47,11 +48,10 @@ struct CompactDecoder::State {
   DeviceArray<uint8_t> values;
   DeviceArray<uint8_t> base_values;
   DeviceDecodedDelta result;
+  CompactDecodeFault fault;
   TransferCounters transfer;  // the last decode
-  // What finish() needs to judge the queued decode and word its error.
+  // What finish() needs to judge the queued decode and word its fault.
   bool pending = false;
-  std::string label;
-  std::vector<std::string> names;  // base tensor names
   std::vector<BlockOrigin> origins;
   uint64_t tasks_at = 0;
 };
@@ -75,45 +75,38 @@ std::vector<PatchRef> DeviceDecodedDelta::patches(std::span<const TensorMeta> ba
   return out;
 }
 
-const DeviceDecodedDelta& CompactDecoder::decode(std::span<const compact::EncodedTensorView> encoded,
-                                                 std::span<const TensorMeta> base_meta,
-                                                 std::span<const ConstTensorRef> base, const std::string& label,
-                                                 cudaStream_t stream) {
-  const DeviceDecodedDelta& out = queue(encoded, base_meta, base, label, stream);
-  if (state_->pending) {
-    check(cudaStreamSynchronize(stream), "compact decode: synchronize");
-    state_->transfer.host_syncs += 1;
-    finish(stream);
-  }
-  return out;
-}
+const CompactDecodeFault& CompactDecoder::fault() const { return state_->fault; }
+const DeviceDecodedDelta& CompactDecoder::result() const { return state_->result; }
 
-const DeviceDecodedDelta& CompactDecoder::queue(std::span<const compact::EncodedTensorView> encoded,
-                                                std::span<const TensorMeta> base_meta,
-                                                std::span<const ConstTensorRef> base, const std::string& label,
-                                                cudaStream_t stream) {
+cudaError_t CompactDecoder::queue(std::span<const compact::ParsedBlockIndex> parsed, std::span<const uint64_t> offsets,
+                                  std::span<const uint64_t> value_offsets, std::span<const ConstTensorRef> base,
+                                  cudaStream_t stream) {
   detail::scoped_range range{"compact decode"};
   State& s = *state_;
   s.transfer = {};
   s.pending = false;
-  // The host checks of compact::decode(), by the same code.
-  const std::vector<compact::ParsedBlockIndex> parsed = compact::parse_encoded_tensors(encoded, base_meta, base, label);
-  for (const compact::ParsedBlockIndex& p : parsed)
+  s.fault = {};
+  const size_t T = base.size();
+  if (offsets.size() != T + 1 || value_offsets.size() != T + 1)
+    return detail::refuse("compact decode: " + std::to_string(offsets.size()) + " offsets for " + std::to_string(T) +
+                          " base tensors");
+  for (const compact::ParsedBlockIndex& p : parsed) {
+    if (p.base_index >= T) return detail::refuse("compact decode: block index of base tensor #" + std::to_string(p.base_index) +
+                                                 ", the base has " + std::to_string(T));
     if (base[p.base_index].data == nullptr)
-      throw Error(label + ": tensor " + base_meta[p.base_index].name + ": null device pointer for the base");
+      return detail::refuse("tensor " + std::string(base[p.base_index].name) + ": null device pointer for the base");
+  }
 
-  // Output layout per base tensor.
-  const size_t T = base_meta.size();
+  // Output layout per base tensor, as the caller laid it out.
   DeviceDecodedDelta& out = s.result;
-  compact::layout_offsets(parsed, base_meta, out.offsets, out.value_offsets);
-  out.changed_names.clear();
-  for (const compact::EncodedTensorView& e : encoded) out.changed_names.emplace_back(e.name);
+  out.offsets.assign(offsets.begin(), offsets.end());
+  out.value_offsets.assign(value_offsets.begin(), value_offsets.end());
   const uint64_t total = out.offsets[T];
   const uint64_t total_value_bytes = out.value_offsets[T];
-  for (cudaError_t err : {s.indices.reserve(std::max<uint64_t>(total, 1)),
-                          s.values.reserve(std::max<uint64_t>(total_value_bytes, 1)),
-                          s.base_values.reserve(std::max<uint64_t>(total_value_bytes, 1))})
-    check(err, "compact decode: allocate");
+  for (const cudaError_t err : {s.indices.reserve(std::max<uint64_t>(total, 1)),
+                                s.values.reserve(std::max<uint64_t>(total_value_bytes, 1)),
+                                s.base_values.reserve(std::max<uint64_t>(total_value_bytes, 1))})
+    DELTASYNC_RETURN_IF_ERROR(err);
   out.indices = s.indices.data();
   out.values = s.values.data();
   out.base_values = s.base_values.data();
@@ -125,14 +118,14 @@ const DeviceDecodedDelta& CompactDecoder::queue(std::span<const compact::Encoded
     payload_total += p.payload.size();
     num_blocks += p.blocks.size();
   }
-  if (num_blocks == 0) return out;
-  if (num_blocks >= (uint64_t{1} << 31)) throw Error(label + ": more than 2^31 blocks");
+  if (num_blocks == 0) return cudaSuccess;
+  if (num_blocks >= (uint64_t{1} << 31)) return detail::refuse("compact decode: more than 2^31 blocks");
   const uint64_t tasks_at = (payload_total + 15) / 16 * 16;
   const uint64_t upload_bytes = tasks_at + num_blocks * sizeof(CompactDecodeTask);
   for (cudaError_t err : {s.upload.reserve(upload_bytes), s.payload.reserve(std::max<uint64_t>(payload_total, 1)),
                           s.tasks.reserve(num_blocks), s.faults.reserve(num_blocks), s.status.reserve(1),
                           s.status_host.reserve(1), s.fault_host.reserve(1), s.positions_host.reserve(2)})
-    check(err, "compact decode: allocate");
+    DELTASYNC_RETURN_IF_ERROR(err);
   std::vector<BlockOrigin>& origins = s.origins;
   origins.clear();
   origins.reserve(num_blocks);
@@ -144,7 +137,7 @@ const DeviceDecodedDelta& CompactDecoder::queue(std::span<const compact::Encoded
     for (const compact::ParsedBlockIndex& p : parsed) {
       if (!p.payload.empty()) std::memcpy(host + payload_at, p.payload.data(), p.payload.size());
       const size_t t = p.base_index;
-      const uint32_t width = base_meta[t].width();
+      const uint32_t width = base[t].width;
       uint64_t first = 0;
       for (size_t b = 0; b < p.blocks.size(); ++b, ++k) {
         const compact::BlockRecord& r = p.blocks[b];
@@ -171,62 +164,53 @@ const DeviceDecodedDelta& CompactDecoder::queue(std::span<const compact::Encoded
   }
 
   const auto blocks = static_cast<uint32_t>(num_blocks);
-  check(cudaMemcpyAsync(s.payload.data(), s.upload.data(), payload_total, cudaMemcpyHostToDevice, stream),
-        "compact decode: upload");
-  check(cudaMemcpyAsync(s.tasks.data(), s.upload.data() + tasks_at, num_blocks * sizeof(CompactDecodeTask),
-                        cudaMemcpyHostToDevice, stream),
-        "compact decode: upload");
-  check(cudaMemsetAsync(s.status.data(), 0xFF, sizeof(CompactDecodeStatus), stream), "compact decode: memset");
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.payload.data(), s.upload.data(), payload_total, cudaMemcpyHostToDevice, stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.tasks.data(), s.upload.data() + tasks_at, num_blocks * sizeof(CompactDecodeTask),
+                        cudaMemcpyHostToDevice, stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaMemsetAsync(s.status.data(), 0xFF, sizeof(CompactDecodeStatus), stream));
   uint64_t largest_streams = 0;
   for (const compact::ParsedBlockIndex& p : parsed)
     for (const compact::BlockRecord& r : p.blocks) largest_streams = std::max<uint64_t>(largest_streams, uint64_t{r.rans_bytes} + r.bits_bytes);
-  check(detail::launch_compact_decode(s.tasks.data(), blocks, largest_streams, s.faults.data(), s.status.data(), stream),
-        "compact decode: decode blocks");
-  check(cudaMemcpyAsync(s.status_host.data(), s.status.data(), sizeof(CompactDecodeStatus), cudaMemcpyDeviceToHost,
-                        stream),
-        "compact decode: read status");
+  DELTASYNC_RETURN_IF_ERROR(detail::launch_compact_decode(s.tasks.data(), blocks, largest_streams, s.faults.data(), s.status.data(), stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.status_host.data(), s.status.data(), sizeof(CompactDecodeStatus), cudaMemcpyDeviceToHost,
+                        stream));
   s.transfer.host_to_device_bytes += payload_total + num_blocks * sizeof(CompactDecodeTask);
   s.transfer.device_to_host_bytes += sizeof(CompactDecodeStatus);
   s.pending = true;
-  s.label = label;
-  s.names.clear();
-  for (const TensorMeta& m : base_meta) s.names.push_back(m.name);
   s.tasks_at = tasks_at;
-  return out;
+  return cudaSuccess;
 }
 
-void CompactDecoder::finish(cudaStream_t stream) {
+cudaError_t CompactDecoder::finish(cudaStream_t stream) {
   State& s = *state_;
-  if (!s.pending) return;
+  if (!s.pending) return cudaSuccess;
   s.pending = false;
-  const std::string& label = s.label;
   const std::vector<BlockOrigin>& origins = s.origins;
   const uint64_t tasks_at = s.tasks_at;
   const CompactDecodeStatus status = *s.status_host.data();
 
   if (status.first_bad_block != detail::kNoBadBlock) {
-    check(cudaMemcpyAsync(s.fault_host.data(), s.faults.data() + status.first_bad_block, sizeof(CompactBlockFault),
-                          cudaMemcpyDeviceToHost, stream),
-          "compact decode: read fault");
-    check(cudaStreamSynchronize(stream), "compact decode: synchronize");
+    DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.fault_host.data(), s.faults.data() + status.first_bad_block, sizeof(CompactBlockFault),
+                          cudaMemcpyDeviceToHost, stream));
+    DELTASYNC_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     s.transfer.host_syncs += 1;
     const BlockOrigin& o = origins[status.first_bad_block];
-    throw Error(label + ": tensor " + s.names[o.base_index] + ": block " + std::to_string(o.block) + ": " +
-                detail::describe_fault(*s.fault_host.data()));
+    s.fault = {true, o.base_index, "block " + std::to_string(o.block) + ": " + detail::describe_fault(*s.fault_host.data())};
+    return cudaSuccess;
   }
   if (status.first_unordered_block != detail::kNoBadBlock) {
     const CompactDecodeTask* task = reinterpret_cast<const CompactDecodeTask*>(s.upload.data() + tasks_at) +
                                     status.first_unordered_block;
-    check(cudaMemcpyAsync(s.positions_host.data(), task->positions - 1, 2 * sizeof(int64_t), cudaMemcpyDeviceToHost,
-                          stream),
-          "compact decode: read positions");
-    check(cudaStreamSynchronize(stream), "compact decode: synchronize");
+    DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.positions_host.data(), task->positions - 1, 2 * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                          stream));
+    DELTASYNC_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     s.transfer.host_syncs += 1;
     const BlockOrigin& o = origins[status.first_unordered_block];
-    throw Error(label + ": tensor " + s.names[o.base_index] + ": block " + std::to_string(o.block) +
-                " starts at position " + std::to_string(s.positions_host.data()[1]) +
-                ", not after the previous block's last (" + std::to_string(s.positions_host.data()[0]) + ")");
+    s.fault = {true, o.base_index,
+               "block " + std::to_string(o.block) + " starts at position " + std::to_string(s.positions_host.data()[1]) +
+                   ", not after the previous block's last (" + std::to_string(s.positions_host.data()[0]) + ")"};
   }
+  return cudaSuccess;
 }
 
 }  // namespace deltasync::cuda

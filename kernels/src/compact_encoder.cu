@@ -13,16 +13,17 @@
 #include "compact_encode_kernels.cuh"
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
-#include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "device_buffers.cuh"
 #include "nvtx_ranges.cuh"
+#include "refusal.cuh"
 
 namespace deltasync::cuda {
 
 using detail::CompactBlockSizes;
 using detail::CompactEncodeTask;
 using detail::CompactScratchLayout;
+using detail::refuse;
 
 struct CompactEncoder::State {
   PinnedArray<uint64_t> offsets_host;  // offsets then value_offsets (2 * (T + 1))
@@ -40,20 +41,23 @@ struct CompactEncoder::State {
   TransferCounters transfer;      // the last encode
 
   // Everything after the offsets are on the host: two synchronizations.
-  std::vector<compact::EncodedTensor> encode_planned(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
-                                                     const uint64_t* offsets, const uint64_t* value_offsets,
-                                                     cudaStream_t stream, const compact::Options& options);
+  cudaError_t encode_planned(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
+                             const uint64_t* offsets, const uint64_t* value_offsets, cudaStream_t stream,
+                             const compact::Options& options, std::vector<compact::EncodedTensor>& out);
 };
 
 namespace {
 
-// compact::encode()'s checks of the arguments, with its messages and in its order.
-void check_arguments(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta, const compact::Options& options) {
+// compact::encode()'s checks of the arguments, with its messages and in its order (refused:
+// cudaErrorInvalidValue, the message for take_refusal()).
+cudaError_t check_arguments(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
+                            const compact::Options& options) {
   if (options.block_elements == 0 || options.block_elements > (1u << 24))
-    throw Error("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
+    return refuse("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
   if (delta.num_tensors != tensors.size())
-    throw Error("compact: delta has " + std::to_string(delta.num_tensors) + " tensors, model has " +
-                std::to_string(tensors.size()));
+    return refuse("compact: delta has " + std::to_string(delta.num_tensors) + " tensors, model has " +
+                  std::to_string(tensors.size()));
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -67,59 +71,56 @@ size_t CompactEncoder::workspace_bytes() const {
          s.cub_temp.bytes() + s.index.bytes() + s.payload.bytes();
 }
 
-std::vector<compact::EncodedTensor> CompactEncoder::encode(std::span<const TensorMeta> tensors,
-                                                           const DeviceDeltaView& delta, cudaStream_t stream,
-                                                           const compact::Options& options) {
+cudaError_t CompactEncoder::encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
+                                   cudaStream_t stream, const compact::Options& options,
+                                   std::vector<compact::EncodedTensor>& out) {
   detail::scoped_range range{"compact encode"};
   State& s = *state_;
   s.transfer = {};
-  check_arguments(tensors, delta, options);
-  if (tensors.empty()) return {};
+  out.clear();
+  DELTASYNC_RETURN_IF_ERROR(check_arguments(tensors, delta, options));
+  if (tensors.empty()) return cudaSuccess;
   const size_t T = tensors.size();
 
   // Sync 1: the offsets, to plan the blocks.
-  check(s.offsets_host.reserve(2 * (T + 1)), "compact encode: allocate");
+  DELTASYNC_RETURN_IF_ERROR(s.offsets_host.reserve(2 * (T + 1)));
   uint64_t* offsets = s.offsets_host.data();
   uint64_t* value_offsets = offsets + T + 1;
-  check(cudaMemcpyAsync(offsets, delta.offsets, (T + 1) * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream),
-        "compact encode: read offsets");
-  check(cudaMemcpyAsync(value_offsets, delta.value_offsets, (T + 1) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                        stream),
-        "compact encode: read offsets");
-  check(cudaStreamSynchronize(stream), "compact encode: synchronize");
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(offsets, delta.offsets, (T + 1) * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(value_offsets, delta.value_offsets, (T + 1) * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                        stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   s.transfer.device_to_host_bytes += 2 * (T + 1) * sizeof(uint64_t);
   s.transfer.host_syncs += 1;
-  return s.encode_planned(tensors, delta, offsets, value_offsets, stream, options);
+  return s.encode_planned(tensors, delta, offsets, value_offsets, stream, options, out);
 }
 
-std::vector<compact::EncodedTensor> CompactEncoder::encode(std::span<const TensorMeta> tensors,
-                                                           const DeviceDeltaView& delta,
-                                                           std::span<const uint64_t> host_offsets,
-                                                           std::span<const uint64_t> host_value_offsets,
-                                                           cudaStream_t stream, const compact::Options& options) {
+cudaError_t CompactEncoder::encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
+                                   std::span<const uint64_t> host_offsets, std::span<const uint64_t> host_value_offsets,
+                                   cudaStream_t stream, const compact::Options& options,
+                                   std::vector<compact::EncodedTensor>& out) {
   detail::scoped_range range{"compact encode"};
   State& s = *state_;
   s.transfer = {};
-  check_arguments(tensors, delta, options);
-  if (tensors.empty()) return {};
+  out.clear();
+  DELTASYNC_RETURN_IF_ERROR(check_arguments(tensors, delta, options));
+  if (tensors.empty()) return cudaSuccess;
   if (host_offsets.size() != tensors.size() + 1 || host_value_offsets.size() != tensors.size() + 1)
-    throw Error("compact: " + std::to_string(host_offsets.size()) + " offsets for " + std::to_string(tensors.size()) +
-                " tensors");
-  return s.encode_planned(tensors, delta, host_offsets.data(), host_value_offsets.data(), stream, options);
+    return refuse("compact: " + std::to_string(host_offsets.size()) + " offsets for " + std::to_string(tensors.size()) +
+                  " tensors");
+  return s.encode_planned(tensors, delta, host_offsets.data(), host_value_offsets.data(), stream, options, out);
 }
 
 const TransferCounters& CompactEncoder::transfer() const { return state_->transfer; }
 
-std::vector<compact::EncodedTensor> CompactEncoder::State::encode_planned(std::span<const TensorMeta> tensors,
-                                                                          const DeviceDeltaView& delta,
-                                                                          const uint64_t* offsets,
-                                                                          const uint64_t* value_offsets,
-                                                                          cudaStream_t stream,
-                                                                          const compact::Options& options) {
+cudaError_t CompactEncoder::State::encode_planned(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
+                                                  const uint64_t* offsets, const uint64_t* value_offsets,
+                                                  cudaStream_t stream, const compact::Options& options,
+                                                  std::vector<compact::EncodedTensor>& out) {
   State& s = *this;
   const size_t T = tensors.size();
   if (offsets[T] > 0 && delta.base_values == nullptr)
-    throw Error("compact: delta lacks the base values the compact format encodes against");
+    return refuse("compact: delta lacks the base values the compact format encodes against");
 
   std::vector<CompactEncodeTask> tasks;
   std::vector<size_t> first_task(T + 1, 0);
@@ -132,12 +133,12 @@ std::vector<compact::EncodedTensor> CompactEncoder::State::encode_planned(std::s
     const uint32_t width = tensors[t].width();
     if (n == 0) continue;
     if (width != 1 && width != 2 && width != 4)
-      throw Error("compact: tensor " + tensors[t].name + ": unsupported element width " + std::to_string(width));
+      return refuse("compact: tensor " + tensors[t].name + ": unsupported element width " + std::to_string(width));
     if (value_offsets[t + 1] - value_offsets[t] != n * width)
-      throw Error("compact: tensor " + tensors[t].name + ": value bytes do not match " + std::to_string(n) +
-                  " changes of width " + std::to_string(width));
+      return refuse("compact: tensor " + tensors[t].name + ": value bytes do not match " + std::to_string(n) +
+                    " changes of width " + std::to_string(width));
     const uint64_t num_blocks = (n + options.block_elements - 1) / options.block_elements;
-    if (tasks.size() + num_blocks >= (uint64_t{1} << 31)) throw Error("compact encode: more than 2^31 blocks");
+    if (tasks.size() + num_blocks >= (uint64_t{1} << 31)) return refuse("compact encode: more than 2^31 blocks");
     index_offset[t + 1] = index_offset[t] + detail::compact_coder::kIndexHeaderBytes +
                           num_blocks * detail::compact_coder::kRecordBytes;
     const auto first_block = static_cast<uint32_t>(tasks.size());
@@ -154,39 +155,33 @@ std::vector<compact::EncodedTensor> CompactEncoder::State::encode_planned(std::s
   }
   first_task[T] = tasks.size();
   const auto num_blocks = static_cast<uint32_t>(tasks.size());
-  if (num_blocks == 0) return {};
+  if (num_blocks == 0) return cudaSuccess;
   const uint64_t index_bytes = index_offset[T];
 
   size_t cub_bytes = 0;
-  check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, s.block_bytes.data(), s.payload_offsets.data(),
-                                      static_cast<int64_t>(num_blocks) + 1, stream),
-        "compact encode: scan size");
-  for (cudaError_t err :
+  DELTASYNC_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, s.block_bytes.data(), s.payload_offsets.data(),
+                                      static_cast<int64_t>(num_blocks) + 1, stream));
+  for (const cudaError_t err :
        {s.tasks_host.reserve(num_blocks), s.tasks.reserve(num_blocks), s.scratch.reserve(scratch_bytes),
         s.sizes.reserve(num_blocks), s.block_bytes.reserve(num_blocks + 1), s.payload_offsets.reserve(num_blocks + 1),
         s.payload_offsets_host.reserve(num_blocks + 1), s.cub_temp.reserve(std::max<size_t>(cub_bytes, 1)),
         s.index.reserve(index_bytes)})
-    check(err, "compact encode: allocate");
+    DELTASYNC_RETURN_IF_ERROR(err);
   std::memcpy(s.tasks_host.data(), tasks.data(), tasks.size() * sizeof(CompactEncodeTask));
 
   // Encode, scan, index, gather; sync 2: the payload offsets, to size the download.
-  check(cudaMemcpyAsync(s.tasks.data(), s.tasks_host.data(), tasks.size() * sizeof(CompactEncodeTask),
-                        cudaMemcpyHostToDevice, stream),
-        "compact encode: upload tasks");
-  check(cudaMemsetAsync(s.block_bytes.data() + num_blocks, 0, sizeof(uint64_t), stream), "compact encode: memset");
-  check(detail::launch_compact_encode_blocks(s.tasks.data(), num_blocks, s.scratch.data(), s.sizes.data(),
-                                             s.block_bytes.data(), stream),
-        "compact encode: encode blocks");
-  check(cub::DeviceScan::ExclusiveSum(s.cub_temp.data(), cub_bytes, s.block_bytes.data(), s.payload_offsets.data(),
-                                      static_cast<int64_t>(num_blocks) + 1, stream),
-        "compact encode: scan");
-  check(detail::launch_compact_write_index(s.tasks.data(), s.sizes.data(), s.payload_offsets.data(), num_blocks,
-                                           s.index.data(), stream),
-        "compact encode: write index");
-  check(cudaMemcpyAsync(s.payload_offsets_host.data(), s.payload_offsets.data(), (num_blocks + 1) * sizeof(uint64_t),
-                        cudaMemcpyDeviceToHost, stream),
-        "compact encode: read sizes");
-  check(cudaStreamSynchronize(stream), "compact encode: synchronize");
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.tasks.data(), s.tasks_host.data(), tasks.size() * sizeof(CompactEncodeTask),
+                        cudaMemcpyHostToDevice, stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaMemsetAsync(s.block_bytes.data() + num_blocks, 0, sizeof(uint64_t), stream));
+  DELTASYNC_RETURN_IF_ERROR(detail::launch_compact_encode_blocks(s.tasks.data(), num_blocks, s.scratch.data(), s.sizes.data(),
+                                             s.block_bytes.data(), stream));
+  DELTASYNC_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(s.cub_temp.data(), cub_bytes, s.block_bytes.data(), s.payload_offsets.data(),
+                                      static_cast<int64_t>(num_blocks) + 1, stream));
+  DELTASYNC_RETURN_IF_ERROR(detail::launch_compact_write_index(s.tasks.data(), s.sizes.data(), s.payload_offsets.data(), num_blocks,
+                                           s.index.data(), stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.payload_offsets_host.data(), s.payload_offsets.data(), (num_blocks + 1) * sizeof(uint64_t),
+                        cudaMemcpyDeviceToHost, stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   s.transfer.host_to_device_bytes += tasks.size() * sizeof(CompactEncodeTask);
   s.transfer.device_to_host_bytes += (num_blocks + 1) * sizeof(uint64_t);
   s.transfer.host_syncs += 1;
@@ -196,22 +191,18 @@ std::vector<compact::EncodedTensor> CompactEncoder::State::encode_planned(std::s
   // Sync 3: gather into place and download index and payloads in two copies.
   for (cudaError_t err : {s.payload.reserve(std::max<uint64_t>(payload_bytes, 1)),
                           s.download.reserve(index_bytes + payload_bytes)})
-    check(err, "compact encode: allocate");
-  check(detail::launch_compact_gather_payload(s.tasks.data(), s.sizes.data(), num_blocks, s.scratch.data(),
-                                              s.payload_offsets.data(), s.payload.data(), stream),
-        "compact encode: gather payload");
-  check(cudaMemcpyAsync(s.download.data(), s.index.data(), index_bytes, cudaMemcpyDeviceToHost, stream),
-        "compact encode: download");
-  check(cudaMemcpyAsync(s.download.data() + index_bytes, s.payload.data(), payload_bytes, cudaMemcpyDeviceToHost,
-                        stream),
-        "compact encode: download");
-  check(cudaStreamSynchronize(stream), "compact encode: synchronize");
+    DELTASYNC_RETURN_IF_ERROR(err);
+  DELTASYNC_RETURN_IF_ERROR(detail::launch_compact_gather_payload(s.tasks.data(), s.sizes.data(), num_blocks, s.scratch.data(),
+                                              s.payload_offsets.data(), s.payload.data(), stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.download.data(), s.index.data(), index_bytes, cudaMemcpyDeviceToHost, stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.download.data() + index_bytes, s.payload.data(), payload_bytes, cudaMemcpyDeviceToHost,
+                        stream));
+  DELTASYNC_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   s.transfer.device_to_host_bytes += index_bytes + payload_bytes;
   s.transfer.host_syncs += 1;
 
   // Out of the pinned buffer into the owning vectors, one task per tensor (page faults and
   // copies of a many-tensor model spread over the CPU twin's worker pool).
-  std::vector<compact::EncodedTensor> out;
   std::vector<size_t> source;
   for (size_t t = 0; t < T; ++t) {
     if (first_task[t] == first_task[t + 1]) continue;
@@ -228,7 +219,7 @@ std::vector<compact::EncodedTensor> CompactEncoder::State::encode_planned(std::s
     out[i].payload.assign(payload_host + payload_offsets[first_task[t]],
                           payload_host + payload_offsets[first_task[t + 1]]);
   });
-  return out;
+  return cudaSuccess;
 }
 
 }  // namespace deltasync::cuda

@@ -192,6 +192,8 @@ struct Digester::State {
   // Room for n jobs; waits until the previous upload no longer reads host_jobs.
   cudaError_t prepare(size_t n) {
     cudaError_t err;
+    if (uploaded == nullptr && (err = cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming)) != cudaSuccess)
+      return err;
     if ((err = cudaEventSynchronize(uploaded)) != cudaSuccess) return err;
     if ((err = host_jobs.reserve(n)) != cudaSuccess) return err;
     if ((err = device_jobs.reserve(n)) != cudaSuccess) return err;
@@ -199,11 +201,13 @@ struct Digester::State {
   }
 };
 
+// Nothing here can fail: a failed device query leaves the grid at one block per tile batch,
+// and the event is made by the first call (which returns its error).
 Digester::Digester() : state_(new State) {
   int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&state_->sm_count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check(cudaEventCreateWithFlags(&state_->uploaded, cudaEventDisableTiming), "cudaEventCreate");
+  if (cudaGetDevice(&device) == cudaSuccess)
+    cudaDeviceGetAttribute(&state_->sm_count, cudaDevAttrMultiProcessorCount, device);
+  cudaGetLastError();  // a failed query must not leave a sticky error for the caller
 }
 
 Digester::~Digester() {
@@ -262,18 +266,5 @@ cudaError_t Digester::shifts(std::span<const ConstTensorRef> targets, std::span<
 }
 
 const TransferCounters& Digester::transfer() const { return state_->transfer; }
-
-std::vector<uint64_t> digest_device_tensors(std::span<const ConstTensorRef> tensors, cudaStream_t stream) {
-  std::vector<uint64_t> out(tensors.size(), 0);
-  if (tensors.empty()) return out;
-  Digester digester;
-  detail::DeviceArray<uint64_t> result;
-  check(result.reserve(tensors.size()), "digest: cudaMalloc");
-  check(digester.digest(tensors, result.data(), stream), "digest");
-  check(cudaMemcpyAsync(out.data(), result.data(), out.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream),
-        "digest: copy to host");
-  check(cudaStreamSynchronize(stream), "digest");
-  return out;
-}
 
 }  // namespace deltasync::cuda

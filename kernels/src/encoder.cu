@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "deltasync/cuda/engine.hpp"
-#include "core/error.hpp"
 #include "device_buffers.cuh"
 #include "encode_kernels.cuh"
 #include "nvtx_ranges.cuh"
+#include "refusal.cuh"
 #include "select_single_pass.cuh"
 #include "select_two_pass.cuh"
 
@@ -19,18 +19,13 @@ namespace deltasync::cuda {
 using detail::EncodeCounts;
 using detail::EncodeTensor;
 using detail::kChunkElements;
+using detail::refuse;
 
 namespace {
 
 // The first encode allocates room for this many changed elements (or the whole set if smaller):
 // enough for ~1% of a 100M-element model without a rerun, 10 MB of device memory.
 constexpr int64_t kInitialCapacity = int64_t{1} << 20;
-
-#define DELTASYNC_RETURN_IF_ERROR(expr)         \
-  do {                                          \
-    const cudaError_t status_ = (expr);         \
-    if (status_ != cudaSuccess) return status_; \
-  } while (0)
 
 // What identifies a tensor set for the cached device tables (names only appear in messages).
 struct ItemKey {
@@ -41,21 +36,21 @@ struct ItemKey {
   bool operator==(const ItemKey&) const = default;
 };
 
-void check_items(std::span<const EncodeItem> items) {
-  if (items.size() >= uint64_t{1} << 32) throw Error("encode: more than 2^32 tensors");
+// Refuses (cudaErrorInvalidValue, reason for take_refusal()) what the kernels cannot take.
+cudaError_t check_items(std::span<const EncodeItem> items) {
+  if (items.size() >= uint64_t{1} << 32) return refuse("encode: more than 2^32 tensors");
   for (const EncodeItem& item : items) {
-    const auto fail = [&](const std::string& reason) {
-      throw Error("tensor " + std::string(item.name) + ": " + reason);
-    };
+    const auto fail = [&](const std::string& reason) { return refuse("tensor " + std::string(item.name) + ": " + reason); };
     // Same wording as the CPU twin.
     if (item.width != 1 && item.width != 2 && item.width != 4)
-      fail("element width " + std::to_string(item.width) + " is not 1, 2 or 4 bytes");
+      return fail("element width " + std::to_string(item.width) + " is not 1, 2 or 4 bytes");
     if (item.numel == 0) continue;
-    if (item.current == nullptr || item.shadow == nullptr) fail("null device pointer");
+    if (item.current == nullptr || item.shadow == nullptr) return fail("null device pointer");
     const auto misaligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % item.width != 0; };
     if (misaligned(item.current) || misaligned(item.shadow))
-      fail("data not aligned to its " + std::to_string(item.width) + "-byte elements");
+      return fail("data not aligned to its " + std::to_string(item.width) + "-byte elements");
   }
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -179,7 +174,7 @@ cudaError_t Encoder::State::prepare_tables(std::span<const EncodeItem> items, cu
   // The single-pass select's tiles are indexed by int (CUB's look-back, whose status
   // initialization also counts threads, rounded up to 256, in an int): about 2^43 elements.
   constexpr uint64_t kMaxChunks = (uint64_t{1} << 31) - 257;
-  if (num_chunks > kMaxChunks) throw Error("encode: more than 2^43 elements in one tensor set");
+  if (num_chunks > kMaxChunks) return refuse("encode: more than 2^43 elements in one tensor set");
 
   DELTASYNC_RETURN_IF_ERROR(tensors.reserve(std::max<uint64_t>(num_tensors, 1)));
   DELTASYNC_RETURN_IF_ERROR(starts.reserve(num_tensors + 1));
@@ -315,7 +310,7 @@ Encoder::~Encoder() {
 
 cudaError_t Encoder::encode(std::span<const EncodeItem> items, cudaStream_t stream) {
   detail::scoped_range range{"encode"};
-  check_items(items);
+  DELTASYNC_RETURN_IF_ERROR(check_items(items));
   State& s = *state_;
   s.result_tensors = 0;
   s.result_changed = 0;

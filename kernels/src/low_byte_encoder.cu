@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "core/error.hpp"
 #include "deltasync/cuda/low_byte.hpp"
 #include "device_buffers.cuh"
 #include "launch_config.cuh"
 #include "low_byte_kernels.cuh"
 #include "nvtx_ranges.cuh"
+#include "refusal.cuh"
 
 namespace deltasync::cuda {
 
@@ -25,23 +25,17 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
-#define DELTASYNC_RETURN_IF_ERROR(expr)         \
-  do {                                          \
-    const cudaError_t status_ = (expr);         \
-    if (status_ != cudaSuccess) return status_; \
-  } while (0)
-
-void check_items(std::span<const EncodeItem> items) {
-  if (items.size() >= uint64_t{1} << 32) throw Error("low-byte encode: more than 2^32 tensors");
+// Refuses (cudaErrorInvalidValue, reason for take_refusal()) what the kernels cannot take.
+cudaError_t check_items(std::span<const EncodeItem> items) {
+  if (items.size() >= uint64_t{1} << 32) return detail::refuse("low-byte encode: more than 2^32 tensors");
   for (const EncodeItem& item : items) {
-    const auto fail = [&](const std::string& reason) {
-      throw Error("tensor " + std::string(item.name) + ": " + reason);
-    };
-    if (item.width != 2) fail(std::to_string(item.width) + "-byte elements; the low-byte shadow needs 2-byte dtypes");
+    const auto fail = [&](const std::string& reason) { return detail::refuse("tensor " + std::string(item.name) + ": " + reason); };
+    if (item.width != 2) return fail(std::to_string(item.width) + "-byte elements; the low-byte shadow needs 2-byte dtypes");
     if (item.numel == 0) continue;
-    if (item.current == nullptr || item.shadow == nullptr) fail("null device pointer");
-    if (reinterpret_cast<uintptr_t>(item.current) % 2 != 0) fail("data not aligned to its 2-byte elements");
+    if (item.current == nullptr || item.shadow == nullptr) return fail("null device pointer");
+    if (reinterpret_cast<uintptr_t>(item.current) % 2 != 0) return fail("data not aligned to its 2-byte elements");
   }
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -118,7 +112,7 @@ LowByteEncoder::~LowByteEncoder() {
 
 cudaError_t LowByteEncoder::encode(std::span<const EncodeItem> items, cudaStream_t stream) {
   detail::scoped_range range{"low-byte encode"};
-  check_items(items);
+  DELTASYNC_RETURN_IF_ERROR(check_items(items));
   State& s = *state_;
   s.transfer = {};
   s.changed = 0;
@@ -183,7 +177,7 @@ cudaError_t LowByteEncoder::encode(std::span<const EncodeItem> items, cudaStream
 }
 
 cudaError_t LowByteEncoder::take_shadow(std::span<const EncodeItem> items, cudaStream_t stream) {
-  check_items(items);
+  DELTASYNC_RETURN_IF_ERROR(check_items(items));
   State& s = *state_;
   s.transfer = {};
   for (cudaEvent_t* e : {&s.encode_done, &s.stage_done}) {

@@ -1,7 +1,7 @@
 // CUDA implementations of torch.ops.deltasync. Plain C++: the kernels are compiled by nvcc inside
 // deltasync_cuda; this file passes raw device pointers and PyTorch's current stream to its host
-// API (cuda::Encoder, cuda::Applier, cuda::digest_device_tensors), so work is ordered with the
-// caller's other kernels and outputs are allocated by PyTorch's caching allocator.
+// API (cuda::Encoder, cuda::Applier, through the engine's checked calls: engine/cuda/cuda_calls.hpp,
+// cuda::digest_device_tensors), so work is ordered with the caller's other kernels and outputs are allocated by PyTorch's caching allocator.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -14,6 +14,7 @@
 
 #include "deltasync/cuda/digest.hpp"
 #include "deltasync/cuda/engine.hpp"
+#include "engine/cuda/cuda_calls.hpp"
 #include "tensor_lists.hpp"
 
 namespace deltasync::torch_ext {
@@ -106,7 +107,7 @@ void apply_cuda(at::TensorList targets, const at::Tensor& indices, const at::Ten
   translate_errors("deltasync.apply", [&] {
     DeviceEngines& engines = engines_for(device);
     std::lock_guard lock(engines.mutex);
-    engines.applier.apply_checked(args.targets, args.patches, stream);
+    cuda::apply_checked(engines.applier, args.targets, args.patches, stream);
   });
 }
 

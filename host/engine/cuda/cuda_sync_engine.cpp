@@ -1,5 +1,6 @@
 // The CUDA sync engine: the SyncEngine interface over kernels/ (plain C++; the kernels' public
-// API is all it calls). Every call queues its work on the stream set_stream() gave (the legacy
+// API is all it calls, and their cudaError_t results become Error here, engine/cuda/cuda_calls.hpp).
+// The verified apply is the one policy (integrity::apply_verified) on the device transaction. Every call queues its work on the stream set_stream() gave (the legacy
 // default stream until then) and waits for the device only where a result must be read on the
 // host; each wait and each host<->device byte is counted in the TransferCounters it reports.
 //
@@ -14,10 +15,10 @@
 //   encode, low-byte shadow           2 = LowByteEncoder (1) + the staged copies (1) (always raw:
 //                                     the compact layout codes against base bits this shadow
 //                                     does not keep)
-//   apply, TRL layout                 1 (VerifiedApplier: scatter + shifts + status); a result
-//                                     mismatch adds 1 (the restore)
-//   apply, compact layout             1: the decode is queued (CompactDecoder::queue) and judged
-//                                     right after the VerifiedApplier's one wait, before the
+//   apply, TRL layout                 1 (CudaPatchTransaction over cuda::SavingApplier: scatter +
+//   and apply_patches                 shifts + status); a result mismatch adds 1 (the restore)
+//   apply, compact layout             1: the decode is queued (DeviceCompactDecode::queue) and
+//                                     judged right after the transaction's one wait, before the
 //                                     patches are; a bad block's writes are then undone (+1, the
 //                                     restore; +1 to fetch the bad block's details)
 //   digests                           1;  read / write  1 per staging chunk (see kStagingBytes)
@@ -36,6 +37,7 @@
 
 #include "codec/compact_codec.hpp"
 #include "codec/delta_io.hpp"
+#include "codec/digest.hpp"
 #include "core/error.hpp"
 #include "deltasync/cuda/buffers.hpp"
 #include "deltasync/cuda/compact.hpp"
@@ -43,7 +45,10 @@
 #include "deltasync/cuda/engine.hpp"
 #include "deltasync/cuda/gather.hpp"
 #include "deltasync/cuda/low_byte.hpp"
-#include "deltasync/cuda/verified_apply.hpp"
+#include "deltasync/cuda/saving_apply.hpp"
+#include "engine/cuda/compact_decode.hpp"
+#include "engine/cuda/cuda_calls.hpp"
+#include "engine/cuda/cuda_patch_transaction.hpp"
 
 namespace deltasync::engine {
 namespace {
@@ -139,9 +144,9 @@ struct CudaSyncEngine::State {
   std::unique_ptr<cuda::Encoder> encoder;
   std::unique_ptr<cuda::LowByteEncoder> low_byte;
   std::unique_ptr<cuda::CompactEncoder> compact_encoder;
-  std::unique_ptr<cuda::CompactDecoder> compact_decoder;
+  std::unique_ptr<DeviceCompactDecode> compact_decoder;
   std::unique_ptr<cuda::Digester> digester;
-  std::unique_ptr<cuda::VerifiedApplier> applier;
+  std::unique_ptr<cuda::SavingApplier> applier;
   std::unique_ptr<cuda::Applier> scatterer;  // unverified scatter of a mapped receiver
   std::unique_ptr<cuda::Gatherer> gatherer;
 
@@ -333,7 +338,7 @@ void CudaSyncEngine::State::encode_full(std::span<const ConstTensorRef> current,
   const cuda::DeviceDeltaView view{T, enc.device_offsets(), enc.device_value_offsets(), enc.device_indices(),
                                    enc.device_values(), enc.device_base_values()};
   cuda::CompactEncoder& coder = get(compact_encoder);
-  out.coded = coder.encode(metas, view, offsets, value_offsets, stream, request.compact);  // waits 2 and 3
+  out.coded = cuda::encode_compact(coder, metas, view, offsets, value_offsets, stream, request.compact);  // waits 2 and 3
   out.transfer.add(coder.transfer());
   out.digest_shifts.assign(shifts, shifts + T);
 }
@@ -385,6 +390,7 @@ void CudaSyncEngine::read(const ConstTensorRef& source, uint64_t offset, std::sp
 // ---- both sides ------------------------------------------------------------------------------
 
 std::vector<uint64_t> CudaSyncEngine::digests(std::span<const ConstTensorRef> tensors) {
+  for (const ConstTensorRef& t : tensors) check_digest_width(t.width, t.name);
   State& s = *state_;
   DeviceScope scope(s.options.cuda_device);
   uint64_t* out = s.results(tensors.size());
@@ -512,14 +518,7 @@ void CudaSyncEngine::scatter(std::span<const TensorRef> targets, std::span<const
   DeviceScope scope(s.options.cuda_device);
   drained_on_error(s.stream, [&] {
     const std::vector<PatchRef> device_patches = s.upload_patches(patches, transfer);
-    cuda::Applier& applier = s.get(s.scatterer);
-    try {
-      applier.apply_checked(targets, device_patches, s.stream);  // synchronizes (counted by the Applier)
-    } catch (...) {
-      transfer.add(applier.transfer());
-      throw;
-    }
-    transfer.add(applier.transfer());
+    cuda::apply_checked(s.get(s.scatterer), targets, device_patches, s.stream, &transfer);  // one wait
   });
 }
 
@@ -539,17 +538,10 @@ integrity::ApplyReport CudaSyncEngine::apply(const DeltaToApply& delta, std::spa
     // Resolve on the host what needs no tensor data; the promises are checked before any upload.
     std::vector<PatchRef> patches;
     integrity::DeltaDigests expected;
-    cuda::VerifiedApplier& applier = s.get(s.applier);
     const auto run = [&](const std::function<void()>& check_inputs) {
-      try {
-        integrity::ApplyReport report =
-            applier.apply(targets, patches, expected, digests, current_version, s.stream, check_inputs);
-        transfer.add(applier.transfer());
-        return report;
-      } catch (...) {
-        transfer.add(applier.transfer());
-        throw;
-      }
+      CudaPatchTransaction transaction(s.get(s.applier), s.stream, check_inputs);
+      const ReportOnExit transaction_report(transaction.transfer(), transfer);
+      return integrity::apply_verified(targets, patches, expected, digests, current_version, transaction);
     };
     if (!compact::is_compact_delta(file)) {
       ResolvedDelta resolved;
@@ -563,7 +555,7 @@ integrity::ApplyReport CudaSyncEngine::apply(const DeltaToApply& delta, std::spa
     // Decoded against the targets' current bits (never written by the decoder) and applied
     // under one wait: the decode's verdict is read right after it, before the patches are
     // judged, and a bad block's scattered writes are undone -- the CPU's message, nothing changed.
-    cuda::CompactDecoder& decoder = s.get(s.compact_decoder);
+    DeviceCompactDecode& decoder = s.get(s.compact_decoder);
     const ReportOnExit decode_report(decoder.transfer(), transfer);
     const cuda::DeviceDecodedDelta& decoded = decoder.queue(contents.tensors, meta, base, file.label(), s.stream);
     const uint64_t decoded_total = decoded.offsets.back();
@@ -587,6 +579,61 @@ integrity::ApplyReport CudaSyncEngine::apply(const DeltaToApply& delta, std::spa
       throw;
     }
   });
+}
+
+integrity::ApplyReport CudaSyncEngine::apply_patches(std::span<const TensorRef> targets,
+                                                     std::span<const PatchRef> patches,
+                                                     const integrity::DeltaDigests& expected,
+                                                     std::span<uint64_t> digests,
+                                                     std::optional<uint64_t> current_version,
+                                                     TransferCounters& reported) {
+  State& s = *state_;
+  TransferCounters transfer;
+  const ReportOnExit report(transfer, reported, s.cumulative);
+  DeviceScope scope(s.options.cuda_device);
+  return drained_on_error(s.stream, [&] {
+    // The promises first: nothing goes up for a delta made for another base.
+    integrity::check_before_apply(targets, patches, expected, digests, current_version);
+    const std::vector<PatchRef> device_patches = s.upload_patches(patches, transfer);
+    CudaPatchTransaction transaction(s.get(s.applier), s.stream);
+    const ReportOnExit transaction_report(transaction.transfer(), transfer);
+    return integrity::apply_verified(targets, device_patches, expected, digests, current_version, transaction);
+  });
+}
+
+namespace {
+
+class DeviceMemoryBlock final : public EngineMemory {
+ public:
+  DeviceMemoryBlock(uint64_t bytes, int device) : device_(device) {
+    if (bytes > 0) cuda::check(cudaMalloc(&data_, bytes), "allocate: cudaMalloc");
+  }
+  // Work queued on the block (a copy into the shadow, say) may still be running: the device is
+  // drained before the block is let go, since CUDA does not document cudaFree as waiting.
+  ~DeviceMemoryBlock() override {
+    if (data_ == nullptr) return;
+    int previous = 0;  // no DeviceScope: a destructor must not throw
+    const bool switched =
+        cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
+    cudaDeviceSynchronize();
+    cudaFree(data_);
+    if (switched) cudaSetDevice(previous);
+  }
+  DeviceMemoryBlock(const DeviceMemoryBlock&) = delete;
+  DeviceMemoryBlock& operator=(const DeviceMemoryBlock&) = delete;
+  void* data() const override { return data_; }
+
+ private:
+  void* data_ = nullptr;
+  int device_ = 0;
+};
+
+}  // namespace
+
+// For callers with tensors in files (the CLI): one block per set of tensors, not per step.
+std::unique_ptr<EngineMemory> CudaSyncEngine::allocate(uint64_t bytes) {
+  DeviceScope scope(state_->options.cuda_device);
+  return std::make_unique<DeviceMemoryBlock>(bytes, state_->options.cuda_device);
 }
 
 }  // namespace deltasync::engine

@@ -1,5 +1,5 @@
 // The CUDA sync engine: device tensors, work queued on one stream, adapting kernels/ (Encoder,
-// CompactEncoder/Decoder, Digester, VerifiedApplier, Applier, Gatherer) to the SyncEngine interface.
+// CompactEncoder/Decoder, Digester, SavingApplier, Applier, Gatherer) to the SyncEngine interface.
 #pragma once
 #include "engine/engine.hpp"
 
@@ -14,6 +14,7 @@ class CudaSyncEngine final : public SyncEngine {
 
   Device device() const override { return Device::kCuda; }
   void set_stream(void* stream) override;
+  std::unique_ptr<EngineMemory> allocate(uint64_t bytes) override;
 
   // Host<->device bytes and host waits of every call since construction, read(), write() and
   // digests() included (the interface reports only encode's and apply's).
@@ -36,6 +37,9 @@ class CudaSyncEngine final : public SyncEngine {
   integrity::ApplyReport apply(const DeltaToApply& delta, std::span<const TensorMeta> meta,
                                std::span<const TensorRef> targets, std::span<uint64_t> digests,
                                std::optional<uint64_t> current_version, TransferCounters& transfer) override;
+  integrity::ApplyReport apply_patches(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
+                                       const integrity::DeltaDigests& expected, std::span<uint64_t> digests,
+                                       std::optional<uint64_t> current_version, TransferCounters& transfer) override;
 
  private:
   struct State;

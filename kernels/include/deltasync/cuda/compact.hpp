@@ -2,7 +2,9 @@
 // Encode turns a device-resident change set (cuda::Encoder's output) into exactly the
 // NAME.cindex / NAME.cdata bytes the CPU codec writes; decode turns those bytes plus a
 // device-resident base into validated positions, new bits and base bits on the device, ready
-// for cuda::Applier. Both refuse bad input with the CPU twin's one-line messages.
+// for cuda::Applier. Both refuse bad input with the CPU twin's one-line reasons, as results
+// (take_refusal(), fault()): the engine (engine/cuda/cuda_calls.hpp, compact_decode.hpp) runs
+// the CPU codec's host checks first and throws.
 //
 // Work split: every compact block (block_elements changes of one tensor) is coded by one CUDA
 // thread block. Encode: tokens, histograms and raw bits use all its threads; the four rANS
@@ -17,9 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "codec/compact_codec.hpp"
-#include "format/delta_file.hpp"
+#include "codec/compact_block_index.hpp"  // header-only here: the ParsedBlockIndex record
+#include "codec/compact_format.hpp"
 #include "core/tensor.hpp"
+#include "core/tensor_meta.hpp"
 #include "deltasync/cuda/engine.hpp"
 
 namespace deltasync::cuda {
@@ -43,20 +46,20 @@ class CompactEncoder {
   CompactEncoder(const CompactEncoder&) = delete;
   CompactEncoder& operator=(const CompactEncoder&) = delete;
 
-  // Encodes every tensor with at least one change, in `tensors` order, byte-identical to
-  // compact::encode() on the same change set and options (options.parallel is ignored).
-  // Synchronizes `stream` three times: to read the offsets (block planning), to read the
-  // block sizes (output allocation), and after the download. Throws Error like the CPU twin.
-  std::vector<compact::EncodedTensor> encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
-                                             cudaStream_t stream, const compact::Options& options = {});
+  // Encodes every tensor with at least one change into `out`, in `tensors` order,
+  // byte-identical to compact::encode() on the same change set and options (options.parallel
+  // is ignored). Synchronizes `stream` three times: to read the offsets (block planning), to
+  // read the block sizes (output allocation), and after the download. Arguments compact::encode
+  // refuses are refused with its message (cudaErrorInvalidValue, take_refusal()).
+  cudaError_t encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta, cudaStream_t stream,
+                     const compact::Options& options, std::vector<compact::EncodedTensor>& out);
 
   // Same, with the change set's offsets and value offsets already on the host (T + 1 entries
   // each, e.g. Encoder::host_offsets() after its synchronization): the first synchronization
   // is skipped, two remain.
-  std::vector<compact::EncodedTensor> encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
-                                             std::span<const uint64_t> host_offsets,
-                                             std::span<const uint64_t> host_value_offsets, cudaStream_t stream,
-                                             const compact::Options& options = {});
+  cudaError_t encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
+                     std::span<const uint64_t> host_offsets, std::span<const uint64_t> host_value_offsets,
+                     cudaStream_t stream, const compact::Options& options, std::vector<compact::EncodedTensor>& out);
 
   size_t workspace_bytes() const;
   // The last encode().
@@ -75,10 +78,18 @@ struct DeviceDecodedDelta {
   const int64_t* indices = nullptr;     // device
   const uint8_t* values = nullptr;      // device: new bits
   const uint8_t* base_values = nullptr; // device: base bits gathered at the positions
-  std::vector<std::string> changed_names;
 
   // patches[t] applies to base tensor t (device pointers, int64 indices).
   std::vector<PatchRef> patches(std::span<const TensorMeta> base_meta) const;
+};
+
+// The first block the device found corrupt, or none: the block, and the reason in the CPU
+// codec's words ("block 3: rANS stream truncated", "block 3 starts at position P, not after the
+// previous block's last (Q)"), for the engine to prefix with the file and tensor.
+struct CompactDecodeFault {
+  bool found = false;
+  size_t base_index = 0;  // the base tensor (the caller's numbering)
+  std::string what;
 };
 
 // Compact decoding on the device, with scratch reused across calls (it only grows).
@@ -89,29 +100,25 @@ class CompactDecoder {
   CompactDecoder(const CompactDecoder&) = delete;
   CompactDecoder& operator=(const CompactDecoder&) = delete;
 
-  // Decodes `encoded` (host bytes: they are uploaded once) against `base` (device pointers,
-  // base[t] described by base_meta[t]). Same checks and same messages as compact::decode():
-  // the block index is validated on the host before anything is uploaded, the blocks on the
-  // device; the base is only read at validated positions and never written. Synchronizes
-  // `stream` once (twice when a block is bad). Throws Error("LABEL: tensor NAME: ...").
-  const DeviceDecodedDelta& decode(std::span<const compact::EncodedTensorView> encoded,
-                                   std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base,
-                                   const std::string& label, cudaStream_t stream);
-
-  // decode() in two steps, for a caller that folds the decode's wait into its own (the sync
-  // engine: one wait per compact delta for decode + verified apply). queue() makes the same
-  // host checks and throws the same errors, then queues the upload and the decode without
-  // waiting: the result's layout (host offsets) is valid at once, its device arrays once
-  // `stream` reaches this point. After the caller has synchronized `stream`, finish() throws the
-  // decode's Error if a block was bad (waiting once more to fetch its details), else returns.
-  // Until finish() says so, the decoded arrays may hold anything (positions included).
-  const DeviceDecodedDelta& queue(std::span<const compact::EncodedTensorView> encoded,
-                                  std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base,
-                                  const std::string& label, cudaStream_t stream);
-  void finish(cudaStream_t stream);
+  // Queues the decode of block indexes the caller has validated on the host with the CPU
+  // codec's own parser (`parsed`: compact::parse_encoded_tensors, in file order) and laid out
+  // (`offsets`, `value_offsets`: compact::layout_offsets, T + 1 entries each) against `base`
+  // (device pointers, base[t] the tensor parsed[k].base_index == t names; only read, at
+  // validated positions). The payloads go up in one copy; nothing waits. The result's layout is
+  // valid at once, its device arrays once `stream` reaches this point -- and only if finish()
+  // reports no fault: until then the decoded arrays (positions included) may hold anything.
+  // Refuses a null base pointer (cudaErrorInvalidValue, take_refusal()).
+  cudaError_t queue(std::span<const compact::ParsedBlockIndex> parsed, std::span<const uint64_t> offsets,
+                    std::span<const uint64_t> value_offsets, std::span<const ConstTensorRef> base,
+                    cudaStream_t stream);
+  // After the caller has synchronized `stream` (its wait, not counted here): reads the verdict
+  // into fault(); a bad block's details take one more synchronization (counted).
+  cudaError_t finish(cudaStream_t stream);
+  const CompactDecodeFault& fault() const;
+  const DeviceDecodedDelta& result() const;
 
   size_t workspace_bytes() const;
-  // The last decode() or queue() + finish() (the caller's wait between them not included).
+  // The last queue() + finish() (the caller's wait between them not included).
   const TransferCounters& transfer() const;
 
  private:

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <span>
-#include <vector>
 
 #include "core/tensor.hpp"
 #include "deltasync/cuda/engine.hpp"
@@ -51,9 +50,5 @@ class Digester {
   struct State;
   State* state_;
 };
-
-// Synchronous convenience: digests of device tensors, returned on the host. Synchronizes
-// `stream`; throws deltasync::Error on any CUDA error.
-std::vector<uint64_t> digest_device_tensors(std::span<const ConstTensorRef> tensors, cudaStream_t stream = nullptr);
 
 }  // namespace deltasync::cuda

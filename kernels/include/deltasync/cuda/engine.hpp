@@ -2,6 +2,16 @@
 // API header is needed). Layering follows CUB: these classes are the host dispatch layer that
 // owns workspace and orders launches; the kernels and their launchers live in kernels/src and
 // take an explicit stream. Nothing here synchronizes unless its comment says so.
+//
+// kernels/ depends on host/core only (and the codec's header-only format constants): the engine
+// (host/engine/cuda) wires these classes into the host library and decides what their results
+// mean. One error convention, CUB's: every entry point returns cudaError_t; none throws (but
+// std::bad_alloc from host-side tables).
+// Arguments a dispatcher cannot take (a width it does not handle, a null or misaligned pointer,
+// a tensor count past its limits) return cudaErrorInvalidValue with a one-line reason naming
+// the tensor, in the CPU twin's words, that take_refusal() returns; results that judge the input
+// (an invalid patch, a corrupt compact block) are data (ApplyStatus, CompactDecodeFault) that
+// the engine words and throws.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -11,7 +21,7 @@
 #include <string>
 
 #include "core/tensor.hpp"
-#include "engine/engine.hpp"  // engine::TransferCounters
+#include "core/transfer_counters.hpp"
 
 namespace deltasync::cuda {
 
@@ -19,13 +29,15 @@ namespace deltasync::cuda {
 // device (stream synchronizations; an event wait on work the call's contract says is long
 // finished -- e.g. the previous call's small descriptor upload -- is not counted). Every class
 // below reports its last call through transfer(); callers add these up per version.
-using engine::TransferCounters;
+using ::deltasync::TransferCounters;
 
 // True when at least one CUDA device can be used.
 bool device_available();
 
-// Turns a cudaError_t into a deltasync::Error with `what` as context; no-op on cudaSuccess.
-void check(cudaError_t err, const char* what);
+// The reason of the last cudaErrorInvalidValue a dispatcher on this thread returned for its
+// arguments ("tensor NAME: null device pointer"), or "" (a plain CUDA error); clears it, as
+// cudaGetLastError clears the runtime's error.
+std::string take_refusal();
 
 // How the encoder finds and compacts the changed elements (both give identical results).
 enum class SelectStrategy {
@@ -98,8 +110,8 @@ struct ApplyStatus {
   int32_t reason = 0;  // ApplyReason
   int64_t bad_position = 0;
 };
+// The engine words these as the CPU twin does (engine/cuda/cuda_calls.hpp, describe()).
 enum ApplyReason : int32_t { kApplyOk = 0, kIndexOutOfRange = 1, kIndexNotAscending = 2, kWidthMismatch = 3 };
-std::string describe(const ApplyStatus& status, std::span<const TensorRef> targets);
 
 // Scatters patches[t] into targets[t] for all t in one launch (device pointers everywhere).
 // Validation runs first on the device; if any patch is invalid no element of any tensor is
@@ -117,11 +129,7 @@ class Applier {
   cudaError_t apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches, cudaStream_t stream);
   ApplyStatus status() const;
 
-  // Convenience: apply, synchronize `stream`, and throw deltasync::Error naming the tensor on an
-  // invalid patch.
-  void apply_checked(std::span<const TensorRef> targets, std::span<const PatchRef> patches, cudaStream_t stream);
-
-  // The last apply() or apply_checked().
+  // The last apply() (the caller's wait for status() is the caller's to count).
   const TransferCounters& transfer() const;
 
  private:

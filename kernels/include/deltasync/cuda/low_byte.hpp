@@ -27,8 +27,8 @@ class LowByteEncoder {
   // the low bytes last published, brought up to date here. Queued on `stream`: a count pass,
   // then CUB's select of the changed positions, then the gather of their bits and the shadow
   // update. Synchronizes `stream` once, to read the number of changed elements (it sizes the
-  // output). Throws Error("tensor NAME: ...") for an element width other than 2 or a
-  // misaligned or null pointer; returns CUDA errors.
+  // output). Refuses (cudaErrorInvalidValue, take_refusal() naming the tensor) an element
+  // width other than 2 or a misaligned or null pointer.
   cudaError_t encode(std::span<const EncodeItem> items, cudaStream_t stream);
 
   // Queues shadow := the low bytes of current for every item (a new chain). No wait.
