@@ -3,9 +3,9 @@ the engine calls with collective_rpc; the same worker subscriber as the native b
 (backend.py):
 
     deltasync_init(store, version=None)  refuse a model that cannot be updated in place, learn
-                                         the HF -> runtime index maps (nothing written), load
-                                         the anchor through the model's own loader (audited
-                                         against its digests), apply deltas up to `version`
+                                         the HF -> runtime index maps (nothing written), write
+                                         the anchor through the maps (audited against its
+                                         digests), apply deltas up to `version`
     deltasync_update(version=None)       apply deltas in place up to `version` (default newest);
                                          returns {version, bytes, seconds, pause_seconds, ...}
     deltasync_poll()                     newest visible version in the store
