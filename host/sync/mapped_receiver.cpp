@@ -210,14 +210,24 @@ void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<con
 
   version_.reset();
   digests_.clear();
+  uint64_t written = 0;
+  auto injected_failure = [&] {
+    if (fail_after_runs_ && written == *fail_after_runs_)
+      throw Error(what + ": injected failure after writing " + std::to_string(written) + " of " + std::to_string(map_runs()) +
+                  " runs (test)");
+  };
   for (size_t k = 0; k < by_param_.size(); ++k) {
     const TensorRef& p = model_.params[k];
     for (const ParamRun& r : by_param_[k]) {
+      injected_failure();
+      torn_ = true;  // from the first write until the audit below passes
       const uint32_t w = model_.hf[r.hf_tensor].width();
       engine_.write(p, static_cast<uint64_t>(r.rt_start) * w,
                     bytes[r.hf_tensor].subspan(static_cast<uint64_t>(r.hf_start) * w, static_cast<uint64_t>(r.length) * w));
+      ++written;
     }
   }
+  injected_failure();
   lap.to(timings_.anchor_write);
   recompute_digests();
   lap.to(timings_.anchor_audit);
@@ -229,6 +239,7 @@ void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<con
                   ErrorKind::kIntegrity);
   }
   version_ = version;
+  torn_ = false;
 }
 
 // Resolves the file, checks the base, maps every change onto the runtime parameters and

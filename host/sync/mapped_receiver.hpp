@@ -102,6 +102,13 @@ class MappedReceiver final : public Receiver {
   void abandon() override;
 
   uint64_t map_runs() const;   // runs held (memory of the map: 24 bytes each)
+  // True from an anchor's first write until an anchor is written and audited: a failure in
+  // between (a write, the audit) leaves the parameters partly holding the anchor and the
+  // receiver at no version. The engine must not serve them until a later anchor succeeds.
+  bool torn() const { return torn_; }
+  // Tests of torn anchors only: every anchor load fails after writing `runs` runs (counted in
+  // write order; map_runs(): all of them, failing before the audit); nullopt: no failure.
+  void fail_anchor_writes_after_for_test(std::optional<uint64_t> runs) { fail_after_runs_ = runs; }
   const MappedTimings& timings() const { return timings_; }
   void reset_timings() { timings_ = {}; }
 
@@ -128,6 +135,8 @@ class MappedReceiver final : public Receiver {
   std::vector<bool> served_;                              // per HF tensor: false when in model_.unserved
   std::optional<uint64_t> version_;
   std::vector<uint64_t> digests_;
+  bool torn_ = false;
+  std::optional<uint64_t> fail_after_runs_;
 };
 
 }  // namespace deltasync

@@ -215,3 +215,57 @@ def test_a_digest_mismatch_on_one_rank_rolls_back_every_rank_and_recovers(tmp_pa
         assert report["recovered"] and "digest" in report["recovered"], report["recovered"]
         assert report["anchor"] == 0
         assert_rank_matches(w, config, vs.TP(r, 2), hf_state(trainer))
+
+
+@pytest.mark.parametrize("point", ["first", "middle", "last"])
+def test_anchor_failing_part_way_leaves_the_worker_torn_until_an_anchor_is_written_whole(tmp_path, point):
+    from deltasync.vllm.worker_subscriber import WorkerSubscriber
+
+    config = vs.Config()
+    trainer = vs.HFModel(config, seed=0)
+    store = f"file://{tmp_path / 'bucket'}"
+    model = vs.StandinForCausalLM(config)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with deltasync.DeltaPublisher(trainer, store=store) as pub:
+        pub.publish(0)
+        pub.flush()
+        sub = WorkerSubscriber(model)
+        sub.connect(store)
+        total = sub.mapped.map_runs
+        sub.mapped._fail_anchor_writes_after({"first": 1, "middle": total // 2, "last": total}[point])
+        with pytest.raises(deltasync.errors.DeltaSyncError, match="injected failure after writing"):
+            sub.update(0)
+        assert sub.mapped.torn and sub.version is None
+        assert "injected failure after writing" in sub.broken and "\n" not in sub.broken
+        changed = [n for n, p in model.named_parameters() if not torch.equal(p.view(torch.int16), before[n].view(torch.int16))]
+        assert changed, "nothing was written before the failure"
+        if point != "last":
+            assert len(changed) < len(before)
+        sub.mapped._fail_anchor_writes_after(None)
+        with torch.no_grad():
+            trainer.model.norm.weight.view(torch.int16)[0] += 1
+        pub.publish(1, anchor=True)
+        pub.flush()
+        report = sub.update(1)
+    assert report["version"] == 1 and report["anchor"] == 1
+    assert sub.broken is None and not sub.mapped.torn and sub.version == 1
+    assert_rank_matches(vs.StandinWorker(model), config, vs.TP(), hf_state(trainer))
+
+
+def test_anchor_failing_before_its_first_write_leaves_the_weights_as_they_were(tmp_path):
+    from deltasync.vllm.worker_subscriber import WorkerSubscriber
+
+    config = vs.Config()
+    store = f"file://{tmp_path / 'bucket'}"
+    with deltasync.DeltaPublisher(vs.HFModel(config), store=store) as pub:
+        pub.publish(0)
+    model = vs.StandinForCausalLM(config)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    sub = WorkerSubscriber(model)
+    sub.connect(store)
+    sub.mapped._fail_anchor_writes_after(0)  # fails at the first write, before it: nothing changes
+    with pytest.raises(deltasync.errors.DeltaSyncError, match="injected failure after writing 0 of"):
+        sub.update(0)
+    assert not sub.mapped.torn and sub.broken is None
+    for n, p in model.named_parameters():
+        assert torch.equal(p.view(torch.int16), before[n].view(torch.int16)), n

@@ -63,6 +63,8 @@ class MappedSubscriber final : public SubscriberBinding {
   }
 
   uint64_t map_runs() const { return receiver_->map_runs(); }
+  bool torn() const { return receiver_->torn(); }
+  void fail_anchor_writes_after(std::optional<uint64_t> runs) { receiver_->fail_anchor_writes_after_for_test(runs); }
 
   // Seconds per stage since the last call (then reset).
   py::dict take_timings() {
@@ -119,6 +121,11 @@ void bind_mapped_receiver(py::module_& m) {
            py::arg("store"), py::arg("hf"), py::arg("param_names"), py::arg("params"), py::arg("runs"), py::arg("owned"),
            py::arg("unserved"), py::arg("combine"), py::arg("log") = py::none())
       .def_property_readonly("map_runs", &MappedSubscriber::map_runs)
+      .def_property_readonly("torn", &MappedSubscriber::torn,
+                             "Whether an anchor failed after its first write: the parameters partly hold it and the "
+                             "receiver is at no version until a later anchor is written and audited.")
+      .def("_fail_anchor_writes_after", &MappedSubscriber::fail_anchor_writes_after, py::arg("runs"),
+           "Tests only: every anchor load fails after writing `runs` runs (map_runs: all, before the audit); None: off.")
       .def("take_timings", &MappedSubscriber::take_timings,
            "Seconds per stage of the applies since the last call: parse, map (HF -> runtime positions), gather, "
            "pack, scatter, digest; anchor_check, anchor_write, anchor_audit.");

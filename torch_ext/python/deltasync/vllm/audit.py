@@ -78,7 +78,6 @@ class ServedWeightsAudit:
                 try:
                     result["loader_elements"] = check_served_weights(worker_model(self), files)
                 except NotUpdatableError as e:  # its message is about engines that re-lay out weights
-                    tensor = str(e).split("runtime tensor ", 1)[-1].split(" ", 1)[0]
-                    result["loader_error"] = (f"runtime tensor {tensor} differs from what vLLM's loader makes of "
+                    result["loader_error"] = (f"runtime tensor {e.tensor} differs from what vLLM's loader makes of "
                                               f"the tensors in {checkpoint_dir}")
         return result

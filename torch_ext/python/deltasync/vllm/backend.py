@@ -71,7 +71,6 @@ class DeltaSyncWeightTransferEngine(WeightTransferEngine[DeltaSyncInitInfo, Delt
         super().__init__(config, vllm_config, device, model)
         self.subscriber: WorkerSubscriber | None = None
         self._store_to_connect: str | None = None  # following an empty store: connect at the first update
-        self._wrote = False  # a version was written into the served weights (kept across shutdown)
         self.last_report: dict | None = None
 
     # Failures are kept for the engine core, not raised here (rank_failures.py: a raise on one
@@ -95,11 +94,7 @@ class DeltaSyncWeightTransferEngine(WeightTransferEngine[DeltaSyncInitInfo, Delt
 
     def _connect_to(self, store: str) -> None:
         group, rank = tensor_parallel_group()
-        # The served weights are checked against the engine's checkpoint only while they are
-        # still those: once deltasync wrote a version (verified by its digests) they differ, and
-        # the layout the check guards was accepted by the first connect.
-        checkpoint = None if self._wrote else getattr(self.model_config, "model", None)
-        sub = WorkerSubscriber(self.model, checkpoint=checkpoint, group=group, rank=rank)
+        sub = WorkerSubscriber(self.model, checkpoint=getattr(self.model_config, "model", None), group=group, rank=rank)
         self.last_report = sub.connect(store)
         self.subscriber, self._store_to_connect = sub, None
 
@@ -113,7 +108,6 @@ class DeltaSyncWeightTransferEngine(WeightTransferEngine[DeltaSyncInitInfo, Delt
         if self.subscriber is None and self._store_to_connect is not None:
             self._connect_to(self._store_to_connect)
         self.last_report = self._require().update(parse_version(update_info.version))
-        self._wrote = True
 
     def finish_weight_update(self) -> None:
         pass

@@ -3,9 +3,9 @@ the engine calls with collective_rpc; the same worker subscriber as the native b
 (backend.py):
 
     deltasync_init(store, version=None)  refuse a model that cannot be updated in place, learn
-                                         the HF -> runtime index maps (nothing written), load
-                                         the anchor through the model's own loader (audited
-                                         against its digests), apply deltas up to `version`
+                                         the HF -> runtime index maps (nothing written), write
+                                         the anchor through the maps (audited against its
+                                         digests), apply deltas up to `version`
     deltasync_update(version=None)       apply deltas in place up to `version` (default newest);
                                          returns {version, bytes, seconds, pause_seconds, ...}
     deltasync_poll()                     newest visible version in the store
@@ -55,11 +55,13 @@ class DeltaWorkerExtension:
 
     def _deltasync_start(self, store: str, version: int | None) -> dict:
         group, rank = self._deltasync_group()
-        # Checked against the engine's checkpoint only while the weights are still those (no
-        # earlier deltasync_init wrote a version into them).
-        checkpoint = worker_checkpoint(self) if getattr(self, "_deltasync", None) is None else None
-        sub = WorkerSubscriber(worker_model(self), checkpoint=checkpoint, group=group, rank=rank)
-        report = sub.start(store, version)
+        sub = WorkerSubscriber(worker_model(self), checkpoint=worker_checkpoint(self), group=group, rank=rank)
+        try:
+            report = sub.start(store, version)
+        except Exception:
+            if sub.broken is not None:
+                self._deltasync = sub  # its weights are torn: what deltasync_state reports, and a later update repairs
+            raise
         self._deltasync = sub
         return report
 

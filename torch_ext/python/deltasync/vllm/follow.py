@@ -24,6 +24,9 @@ core, the one process that sees every step:
 
 A failed update leaves each worker at a consistent version (the mapped receiver rolls back
 every rank together); the follower asks the workers which one and labels the weights with it.
+An anchor that fails after its first write leaves the weights torn, at no version (plugin.py
+labels them "broken"): then no step is scheduled, whatever the bound, and the update is retried
+every poll until an anchor is written whole (status()["broken"] says why).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import time
 from dataclasses import dataclass
 
 from .._library import native
+from . import compat
 
 logger = logging.getLogger("deltasync.vllm.follow")
 
@@ -116,13 +120,7 @@ class StoreFollower:
             self._stop.wait(self.options.poll_seconds)
 
     def _wake(self) -> None:
-        # An idle engine core blocks on its input queue; vLLM's own WAKEUP sentinel ends the wait
-        # and is otherwise ignored. The in-process engine core has no queue: it follows when stepped.
-        queue = getattr(self.core, "input_queue", None)
-        if queue is not None:
-            from vllm.v1.engine import EngineCoreRequestType
-
-            queue.put_nowait((EngineCoreRequestType.WAKEUP, None))
+        compat.wake(self.core)
 
     # -- the engine core's thread ------------------------------------------------------------
 
@@ -148,7 +146,7 @@ class StoreFollower:
             return True
         now = time.monotonic()
         if now >= self._next_attempt:
-            if self._work_in_flight():
+            if compat.batches_in_flight(self.core):
                 # Async scheduling / pipeline parallelism: batches scheduled on the old weights
                 # are still executing. No new work is scheduled until they are done (this step
                 # and the next finish them); the update comes at the first step with none left.
@@ -157,8 +155,12 @@ class StoreFollower:
             self._update(target)
             self._release_scheduling()
         bound = self.options.max_staleness_seconds
-        over = bound is not None and self.staleness() > bound
-        if over and not self._stalled:
+        broken = self.broken()
+        over = broken is not None or (bound is not None and self.staleness() > bound)
+        if broken is not None and not self._stalled:
+            logger.error("deltasync: following %s: the served weights are torn (%s): no steps until version %d is "
+                         "served", self.options.store, broken, target)
+        elif over and not self._stalled:
             logger.warning("deltasync: following %s: serving version %s, %.1f s behind version %d (bound %.1f s): "
                            "no steps until it is served; last error: %s", self.options.store, self.served,
                            self.staleness(), target, bound, self.last_error)
@@ -172,35 +174,29 @@ class StoreFollower:
         """A user's update_weights went through the same workers: learn where they are now."""
         self.served = self._workers_version()
 
+    def broken(self) -> str | None:
+        """Why the served weights are torn (a failed anchor wrote part of them; plugin.py)."""
+        from .plugin import broken_reason
+
+        return broken_reason(self.core)
+
     def status(self) -> dict:
         return {"store": self.options.store, "served": self.served, "newest_seen": self.newest_seen(),
                 "staleness_seconds": self.staleness(), "stalled": self._stalled, "updates": self.updates,
-                "last_update": self.last_update, "last_error": self.last_error}
+                "last_update": self.last_update, "last_error": self.last_error, "broken": self.broken()}
 
     def stop(self) -> None:
         self._release_scheduling()
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def _work_in_flight(self) -> bool:
-        """Batches with tokens scheduled and not yet processed (the engine core's batch queue,
-        used with async scheduling and pipeline parallelism; None otherwise)."""
-        queue = getattr(self.core, "batch_queue", None)
-        return bool(queue) and any(output.total_num_scheduled_tokens > 0 for _, output, _ in queue)
-
     def _hold_scheduling(self) -> None:
-        from vllm.v1.core.sched.interface import PauseState
-
-        scheduler = self.core.scheduler
-        if not self._holding and scheduler.pause_state == PauseState.UNPAUSED:  # a user's pause stays theirs
-            scheduler.set_pause_state(PauseState.PAUSED_ALL)
-            self._holding = True
+        if not self._holding:
+            self._holding = compat.hold_scheduling(self.core)
 
     def _release_scheduling(self) -> None:
         if self._holding:
-            from vllm.v1.core.sched.interface import PauseState
-
-            self.core.scheduler.set_pause_state(PauseState.UNPAUSED)
+            compat.release_scheduling(self.core)
             self._holding = False
 
     def _update(self, target: int) -> None:

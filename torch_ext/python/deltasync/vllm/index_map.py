@@ -24,6 +24,7 @@ tensor is one run, a column-sharded one is one run per row.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +89,23 @@ def floating_tensors(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module,
     return out
 
 
+@contextmanager
+def data_swapped(tensors: list[torch.Tensor], replacements: list[torch.Tensor]):
+    """Every tensor's `.data` is its replacement inside the block (requires_grad off: vLLM's
+    parameters never need it, and an integer `.data` is refused on a tensor that requires grad);
+    the originals are put back whatever happens, so the live weights are never written."""
+    originals = [(t, t.data, t.requires_grad) for t in tensors]
+    try:
+        for (t, _, _), replacement in zip(originals, replacements):
+            t.requires_grad_(False)
+            t.data = replacement
+        yield
+    finally:
+        for t, data, requires_grad in originals:
+            t.data = data
+            t.requires_grad_(requires_grad)
+
+
 def _probe_bases(hf_tensors) -> tuple[dict[str, int], int]:
     bases, next_base = {}, FIRST_PROBE
     for name, (_, shape) in hf_tensors.items():
@@ -122,14 +140,8 @@ def learn_index_maps(model: torch.nn.Module, hf_tensors: dict[str, tuple[torch.d
     tensors = floating_tensors(model)
     bases, end = _probe_bases(hf_tensors)
     probe_dtype = torch.int32 if end < 2**31 else torch.int64
-    # An integer .data is refused on a tensor that requires grad; vLLM's never need it.
-    originals = [(t, t.data, t.requires_grad) for _, _, _, t in tensors]
     twins = [torch.full(t.shape, UNTOUCHED, dtype=probe_dtype) for _, _, _, t in tensors]
-    try:
-        for (t, _, _), twin in zip(originals, twins):
-            t.requires_grad_(False)
-            t.data = twin
-
+    with data_swapped([t for _, _, _, t in tensors], twins):
         load(_probes(hf_tensors, bases, probe_dtype))
         loaded = []
         for (name, module, attr, t), twin in zip(tensors, twins):
@@ -138,10 +150,6 @@ def learn_index_maps(model: torch.nn.Module, hf_tensors: dict[str, tuple[torch.d
                 raise LearnError(f"deltasync.vllm: vLLM's loader replaced runtime tensor {name} instead of "
                                  "copying into it; its weights cannot be updated in place")
             loaded.append(twin)
-    finally:
-        for t, data, requires_grad in originals:
-            t.data = data
-            t.requires_grad_(requires_grad)
     return _decode(tensors, loaded, hf_tensors, bases)
 
 

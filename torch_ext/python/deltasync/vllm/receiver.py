@@ -18,19 +18,21 @@ from .index_map import IndexMap
 MASK = (1 << 64) - 1
 
 
+def merged(ranges) -> list[tuple[int, int]]:
+    """(start, length) ranges, sorted and merged where they overlap or touch."""
+    out: list[list[int]] = []
+    for s, n in sorted(ranges):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], s + n)
+        else:
+            out.append([s, s + n])
+    return [(s, e - s) for s, e in out]
+
+
 def held_ranges(imap: IndexMap) -> dict[str, list[tuple[int, int]]]:
     """HF name -> sorted, merged (start, length) ranges of the elements held on this rank."""
-    out = {}
-    for name, targets in imap.targets.items():
-        spans = sorted((int(s), int(s) + int(n)) for t in targets for s, n in zip(t.hf_start.tolist(), t.length.tolist()))
-        merged: list[list[int]] = []
-        for s, e in spans:
-            if merged and s <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], e)
-            else:
-                merged.append([s, e])
-        out[name] = [(s, e - s) for s, e in merged]
-    return out
+    return {name: merged((int(s), int(n)) for t in targets for s, n in zip(t.hf_start.tolist(), t.length.tolist()))
+            for name, targets in imap.targets.items()}
 
 
 def _subtract(ranges: list[tuple[int, int]], taken: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -60,17 +62,8 @@ def owned_ranges(held: dict[str, list[tuple[int, int]]], rank: int, all_held: li
         return held
     owned = {}
     for name, ranges in held.items():
-        taken: list[tuple[int, int]] = []
-        for lower in all_held[:rank]:
-            taken.extend(lower.get(name, []))
-        taken.sort()
-        merged: list[list[int]] = []
-        for s, n in taken:
-            if merged and s <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], s + n)
-            else:
-                merged.append([s, s + n])
-        owned[name] = _subtract(ranges, [(s, e - s) for s, e in merged])
+        taken = merged(r for lower in all_held[:rank] for r in lower.get(name, []))
+        owned[name] = _subtract(ranges, taken)
     return owned
 
 

@@ -20,11 +20,16 @@ import os
 import torch
 
 from .._params import int_view
-from .index_map import floating_tensors
+from .index_map import data_swapped, floating_tensors
 
 
 class NotUpdatableError(RuntimeError):
-    """The model's weights cannot be updated in place (the engine is left as it was)."""
+    """The model's weights cannot be updated in place (the engine is left as it was). `tensor`:
+    the runtime parameter or layer that decided it."""
+
+    def __init__(self, message: str, tensor: str | None = None):
+        super().__init__(message)
+        self.tensor = tensor
 
 
 def refuse_if_not_updatable(model: torch.nn.Module) -> None:
@@ -32,12 +37,13 @@ def refuse_if_not_updatable(model: torch.nn.Module) -> None:
         method = getattr(module, "quant_method", None)
         if method is not None and not type(method).__name__.startswith("Unquantized"):
             raise NotUpdatableError(f"deltasync.vllm: layer {name} is quantized by vLLM ({type(method).__name__}): "
-                                    "its parameters do not hold the checkpoint's values, so deltas cannot be applied in place")
+                                    "its parameters do not hold the checkpoint's values, so deltas cannot be applied in place",
+                                    tensor=name)
     for name, _, _, t in floating_tensors(model):
         if t.numel() == 0:
             raise NotUpdatableError(f"deltasync.vllm: runtime parameter {name} is empty: vLLM moved that layer's weights "
                                     "out of its parameters after loading (vLLM-CPU prepacks linear weights for its own "
-                                    "GEMM), so deltas cannot be applied in place")
+                                    "GEMM), so deltas cannot be applied in place", tensor=name)
 
 
 def checkpoint_files(model_path: str | None) -> list[str]:
@@ -73,21 +79,13 @@ def check_served_weights(model: torch.nn.Module, files: list[str], load_weights=
     written), and every copy must equal its live tensor bit for bit. Returns the elements compared."""
     load = load_weights or model.load_weights
     tensors = floating_tensors(model)
-    originals = [(t, t.data, t.requires_grad) for _, _, _, t in tensors]
     copies = [t.detach().clone() for _, _, _, t in tensors]
-    try:
-        for (t, _, _), copy in zip(originals, copies):
-            t.requires_grad_(False)
-            t.data = copy
+    with data_swapped([t for _, _, _, t in tensors], copies):
         load(_checkpoint_tensors(files))
-    finally:
-        for t, data, requires_grad in originals:
-            t.data = data
-            t.requires_grad_(requires_grad)
     for (name, _, _, t), copy in zip(tensors, copies):
         if not torch.equal(int_view(copy), int_view(t.data)):
             raise NotUpdatableError(
                 f"deltasync.vllm: runtime tensor {name} does not hold what vLLM's loader puts there from the engine's "
                 "checkpoint: the engine re-laid out or transformed the weights after loading (vLLM-CPU prepacks MoE "
-                "experts), so deltas cannot be applied in place")
+                "experts), so deltas cannot be applied in place", tensor=name)
     return sum(c.numel() for c in copies)

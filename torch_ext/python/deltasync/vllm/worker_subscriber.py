@@ -57,15 +57,27 @@ def report_dict(r: UpdateReport, stages: dict | None = None) -> dict:
             **(stages or {})}
 
 
+# Set on the model once deltasync began writing into its weights (kept across subscribers).
+_WROTE = "_deltasync_wrote"
+
+
 class WorkerSubscriber:
     def __init__(self, model: torch.nn.Module, checkpoint: str | None = None, group=None, rank: int = 0):
         self.model = model
-        self.checkpoint = checkpoint  # what the engine was started from (checked against the served weights)
+        # What the engine was started from, checked against the served weights only while they
+        # are still those: once deltasync wrote into them (a version, verified by its digests, or
+        # part of an anchor that failed) they differ, and the layout the check guards was
+        # accepted by the first connect.
+        self.checkpoint = None if getattr(model, _WROTE, False) else checkpoint
         self.group, self.rank = group, rank
         self.subscriber: DeltaSubscriber | None = None
         self.index_map: IndexMap | None = None
         self.connect_report: dict = {}
         self.mapped = None  # the C++ mapped subscriber (its stage timings)
+        # Why the weights are torn: an anchor failed after its first write (the receiver is at no
+        # version until a later anchor is written whole). None: they hold a version, or the
+        # engine's start checkpoint.
+        self.broken: str | None = None
 
     def connect(self, store: str, version: int | None = None) -> dict:
         """Refuses a model that cannot be updated in place, or learns the index maps for the
@@ -103,10 +115,15 @@ class WorkerSubscriber:
         if target is None:
             raise RuntimeError(f"deltasync.vllm: {sub.store}: the store has no published versions")
         self.mapped.take_timings()  # seconds of this update only
+        setattr(self.model, _WROTE, True)
         try:
             sub.update(target)
+        except Exception as e:
+            self.broken = f"{type(e).__name__}: {e}" if self.mapped.torn else None
+            raise
         finally:
             stages = self.mapped.take_timings()
+        self.broken = None
         return report_dict(sub.last_report, stages)
 
     def poll(self) -> int | None:
