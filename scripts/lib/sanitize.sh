@@ -11,7 +11,9 @@ sanitizer_build() {
   local dir=$1 sanitize=$2 jobs=$3
   shift 3
   echo "== configuring $dir (-fsanitize=$sanitize, CUDA off)"
-  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDELTASYNC_ENABLE_CUDA=OFF \
+  # -O1 with line tables: readable reports, and quicker to build than the suite's -O3.
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -DNDEBUG" \
+    -DCMAKE_C_FLAGS_RELEASE="-O1 -g1 -DNDEBUG" -DDELTASYNC_ENABLE_CUDA=OFF \
     -DDELTASYNC_BUILD_BENCHMARKS=OFF -DDELTASYNC_SANITIZE="$sanitize" >/dev/null
   echo "== building $dir ($jobs jobs)"
   cmake --build "$dir" -j "$jobs" "$@"
