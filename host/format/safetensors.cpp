@@ -66,7 +66,7 @@ struct DuplicateKey {
 };
 // A header nests three levels ({name: {shape: [...]}}). Deeper is refused while parsing: the
 // callback parser copies nested values recursively, so a header of a few MB of '[' overflowed
-// the stack (found by fuzzing).
+// the stack (found running the fuzz harness on a hand-made deep header).
 constexpr int kMaxHeaderDepth = 8;
 struct TooDeep {};
 
