@@ -588,7 +588,7 @@ using deltasync::ParsedTrlIdxDelta;
 
 OwnedTensor u16_tensor(const std::string& name, std::vector<uint16_t> values) {
   std::vector<uint8_t> bytes(values.size() * 2);
-  std::memcpy(bytes.data(), values.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());  // memcpy(null, ...) is UB (UBSan)
   return {name, DType::U16, {values.size()}, bytes};
 }
 

@@ -39,6 +39,19 @@ TEST(S3Xml, MalformedDocumentsAreErrorsNamingTheRequest) {
   }
 }
 
+TEST(S3Xml, DeeplyNestedBodyIsRefusedNotRecursedInto) {
+  // A hostile endpoint's 200,000-deep body overflowed the stack building (and freeing) the tree.
+  std::string deep;
+  for (int i = 0; i < 200000; ++i) deep += "<a>";
+  for (int i = 0; i < 200000; ++i) deep += "</a>";
+  EXPECT_EQ(error_message([&] { parse(deep, "s3://b/k (LIST)"); }),
+            "s3://b/k (LIST): malformed XML in the response: elements nested deeper than 64");
+  std::string ok;  // 64 levels are fine
+  for (int i = 0; i < 64; ++i) ok += "<a>";
+  for (int i = 0; i < 64; ++i) ok += "</a>";
+  EXPECT_EQ(parse(ok, "x").name, "a");
+}
+
 TEST(S3Xml, EscapeForElementText) {
   EXPECT_EQ(deltasync::s3xml::escape("\"etag\"&<x>"), "\"etag\"&amp;&lt;x&gt;");
   EXPECT_EQ(parse("<E>" + deltasync::s3xml::escape("a<&>b") + "</E>", "x").text, "a<&>b");

@@ -249,6 +249,19 @@ TEST(SafetensorsMalformed, HeaderIsNotValidUtf8) {
   expect_reason(parse_error("{\"w\xff\": {}}"), "header is not valid UTF-8 JSON");
 }
 
+TEST(SafetensorsMalformed, HeaderNestedTooDeep) {
+  // A 2 MB header of nested lists overflowed the stack inside the JSON parser (fuzz_safetensors on
+  // a hand-made input: longer than the fuzzers' inputs).
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  expect_reason(parse_error("{\"w\": {\"dtype\": \"F32\", \"shape\": [" + deep + "], \"data_offsets\": [0, 0]}}"),
+                "header nests deeper than 8 levels");
+  expect_reason(parse_error("{\"__metadata__\": {\"a\": " + deep + "}}"), "header nests deeper than 8 levels");
+  // Real headers nest three levels.
+  EXPECT_NO_THROW(st::File::from_bytes(safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+                                                        random_bytes(4, 7)),
+                                      kLabel));
+}
+
 TEST(SafetensorsMalformed, TensorEntryIsNotAnObject) {
   expect_reason(parse_error(R"({"w": [0, 4]})"), "tensor \"w\": entry is not an object");
 }

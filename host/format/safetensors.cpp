@@ -64,11 +64,17 @@ std::optional<uint64_t> shape_numel(std::span<const uint64_t> shape) {
 struct DuplicateKey {
   std::string key;
 };
+// A header nests three levels ({name: {shape: [...]}}). Deeper is refused while parsing: the
+// callback parser copies nested values recursively, so a header of a few MB of '[' overflowed
+// the stack (found running the fuzz harness on a hand-made deep header).
+constexpr int kMaxHeaderDepth = 8;
+struct TooDeep {};
 
 Json parse_header_json(std::string_view text, const std::string& label) {
   std::vector<std::set<std::string>> keys_per_open_object;
-  auto reject_duplicates = [&](int /*depth*/, nlohmann::json::parse_event_t event, Json& parsed) {
+  auto reject_duplicates = [&](int depth, nlohmann::json::parse_event_t event, Json& parsed) {
     using Event = nlohmann::json::parse_event_t;
+    if ((event == Event::object_start || event == Event::array_start) && depth >= kMaxHeaderDepth) throw TooDeep{};
     if (event == Event::object_start) {
       keys_per_open_object.emplace_back();
     } else if (event == Event::object_end) {
@@ -81,6 +87,8 @@ Json parse_header_json(std::string_view text, const std::string& label) {
   };
   try {
     return Json::parse(text.begin(), text.end(), reject_duplicates);
+  } catch (const TooDeep&) {
+    fail(label, "header nests deeper than " + std::to_string(kMaxHeaderDepth) + " levels");
   } catch (const DuplicateKey& dup) {
     if (keys_per_open_object.size() == 1) fail(label, "header names tensor \"" + dup.key + "\" twice");
     fail(label, "header repeats key \"" + dup.key + "\" inside an entry");

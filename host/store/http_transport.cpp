@@ -101,20 +101,7 @@ size_t write_body(char* data, size_t size, size_t count, void* user) {
 }
 
 size_t write_header(char* data, size_t size, size_t count, void* user) {
-  auto* headers = static_cast<std::map<std::string, std::string>*>(user);
-  std::string_view line(data, size * count);
-  if (line.rfind("HTTP/", 0) == 0) {
-    headers->clear();  // a new response (after 100-continue): keep only the final one's headers
-    return size * count;
-  }
-  auto colon = line.find(':');
-  if (colon == std::string_view::npos) return size * count;
-  std::string name(line.substr(0, colon));
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-  std::string_view value = line.substr(colon + 1);
-  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
-  while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' ')) value.remove_suffix(1);
-  (*headers)[name] = std::string(value);
+  add_header_line(*static_cast<std::map<std::string, std::string>*>(user), std::string_view(data, size * count));
   return size * count;
 }
 
@@ -154,6 +141,34 @@ std::string resolve_location(const std::string& base, const std::string& locatio
 }
 
 }  // namespace
+
+void add_header_line(std::map<std::string, std::string>& headers, std::string_view line) {
+  if (line.rfind("HTTP/", 0) == 0) {
+    headers.clear();  // a new response (after 100-continue): keep only the final one's headers
+    return;
+  }
+  auto colon = line.find(':');
+  if (colon == std::string_view::npos) return;
+  std::string name(line.substr(0, colon));
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::string_view value = line.substr(colon + 1);
+  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+  while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' ')) value.remove_suffix(1);
+  headers[name] = std::string(value);
+}
+
+Request redirected_request(const Request& request, const std::string& location, const std::string& label) {
+  const std::string target = resolve_location(request.url, location);
+  if (origin_of(target) == origin_of(request.url)) {
+    Request next = request;
+    next.url = target;
+    return next;
+  }
+  if (request.redirects != RedirectPolicy::PresignedGet || request.method != "GET")
+    throw Error(label + ": " + request.method + " redirected to another host (" + origin_of(target) +
+                "); refusing to follow with credentials");
+  return presigned_follow_up(request, target, label);
+}
 
 std::string Response::header(const std::string& lower_name) const {
   auto it = headers.find(lower_name);
@@ -354,16 +369,8 @@ Response perform_with_retries(Request request, const StoreOptions& options, cons
     if (is_redirect(response.status)) {
       std::string location = response.header("location");
       if (location.empty()) return response;  // e.g. S3's PermanentRedirect: the caller explains
-      std::string target = resolve_location(request.url, location);
       if (++redirects > 5) throw Error(label + ": " + request.method + " failed: too many redirects");
-      if (origin_of(target) != origin_of(request.url)) {
-        if (request.redirects != RedirectPolicy::PresignedGet || request.method != "GET")
-          throw Error(label + ": " + request.method + " redirected to another host (" + origin_of(target) +
-                      "); refusing to follow with credentials");
-        request = presigned_follow_up(request, target, label);
-      } else {
-        request.url = target;
-      }
+      request = redirected_request(request, location, label);
       --attempt;  // a redirect is not a failed attempt
       continue;
     }

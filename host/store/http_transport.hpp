@@ -71,6 +71,16 @@ Response perform(const Request& request, const StoreOptions& options);
 Response perform_with_retries(Request request, const StoreOptions& options, const std::string& label,
                               const std::function<bool(const Response&)>& retry_also = {});
 
+// One header line as libcurl hands it over ("Name: value\r\n"), added to `headers`: a status
+// line ("HTTP/...") starts a new response (after 100-continue) and drops the headers so far;
+// a header is kept under its lowercase name, its value without surrounding blanks.
+void add_header_line(std::map<std::string, std::string>& headers, std::string_view line);
+
+// The request to send after a redirect to `location` (absolute, or relative to request.url):
+// the same request at the new URL within its origin; to another origin only as
+// request.redirects allows (presigned_follow_up). Throws Error("LABEL: ...") otherwise.
+Request redirected_request(const Request& request, const std::string& location, const std::string& label);
+
 // The <Code> of an S3-style XML error body ("" when there is none).
 std::string error_code(const Response& response);
 

@@ -9,14 +9,25 @@
 namespace deltasync::s3xml {
 namespace {
 
+// S3 answers nest three or four elements deep. A deeper body is refused: the tree (and its
+// destructor) recurses per level, so a hostile endpoint could otherwise overflow the stack.
+constexpr size_t kMaxDepth = 64;
+
 struct Builder {
   Element root;
   std::vector<Element*> open;  // path from the root to the element being filled
   bool have_root = false;
+  bool too_deep = false;
+  XML_Parser parser = nullptr;
 };
 
 void on_start(void* user, const XML_Char* name, const XML_Char**) {
   auto* b = static_cast<Builder*>(user);
+  if (b->open.size() >= kMaxDepth) {
+    b->too_deep = true;
+    XML_StopParser(b->parser, XML_FALSE);
+    return;
+  }
   if (b->open.empty()) {
     b->root.name = name;
     b->have_root = true;
@@ -28,7 +39,10 @@ void on_start(void* user, const XML_Char* name, const XML_Char**) {
   b->open.push_back(&parent.children.back());  // stable until parent gets another child, i.e. after this one closes
 }
 
-void on_end(void* user, const XML_Char*) { static_cast<Builder*>(user)->open.pop_back(); }
+void on_end(void* user, const XML_Char*) {
+  auto* b = static_cast<Builder*>(user);
+  if (!b->too_deep) b->open.pop_back();
+}
 
 void on_text(void* user, const XML_Char* text, int length) {
   auto* b = static_cast<Builder*>(user);
@@ -64,11 +78,15 @@ Element parse(std::string_view xml, const std::string& label) {
   std::unique_ptr<XML_ParserStruct, ParserFree> parser(XML_ParserCreate("UTF-8"));
   if (!parser) throw Error(label + ": cannot create an XML parser (out of memory)");
   Builder builder;
+  builder.parser = parser.get();
   XML_SetUserData(parser.get(), &builder);
   XML_SetElementHandler(parser.get(), &on_start, &on_end);
   XML_SetCharacterDataHandler(parser.get(), &on_text);
   if (xml.size() > static_cast<size_t>(INT32_MAX)) throw Error(label + ": XML response too large");
-  if (XML_Parse(parser.get(), xml.data(), static_cast<int>(xml.size()), XML_TRUE) != XML_STATUS_OK) {
+  const XML_Status status = XML_Parse(parser.get(), xml.data(), static_cast<int>(xml.size()), XML_TRUE);
+  if (builder.too_deep)
+    throw Error(label + ": malformed XML in the response: elements nested deeper than " + std::to_string(kMaxDepth));
+  if (status != XML_STATUS_OK) {
     throw Error(label + ": malformed XML in the response: " + XML_ErrorString(XML_GetErrorCode(parser.get())) +
                 " at line " + std::to_string(XML_GetCurrentLineNumber(parser.get())));
   }
