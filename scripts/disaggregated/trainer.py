@@ -40,9 +40,10 @@ class StepLines(TrainerCallback):
         share = report.changed_elements / report.total_elements
         kind = "anchor" if report.anchor else "delta "
         reward_text = "  -   " if reward is None else f"{reward:.3f}"
+        written = report.delta_bytes + report.anchor_bytes
         return (f"step {report.version:2d}  reward {reward_text}  changed {report.changed_elements:7,d}/"
-                f"{report.total_elements:,d} ({share:6.2%})  {kind} {kib(report.delta_bytes):>10} vs full "
-                f"{kib(report.model_bytes)} ({report.delta_bytes / report.model_bytes:6.1%})  "
+                f"{report.total_elements:,d} ({share:6.2%})  {kind} {kib(written):>10} vs full "
+                f"{kib(report.model_bytes)} ({written / report.model_bytes:6.1%})  "
                 f"publish {report.publish_seconds * 1e3:6.1f} ms  pause {report.pause_seconds * 1e3:6.1f} ms  "
                 f"served v{report.served_version}")
 

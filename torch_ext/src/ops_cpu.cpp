@@ -70,7 +70,7 @@ at::Tensor digest_cpu(at::TensorList tensors) {
   refs.reserve(tensors.size());
   for (size_t t = 0; t < tensors.size(); ++t) {
     TORCH_CHECK(tensors[t].device().is_cpu(), "deltasync.digest: tensor ", labels[t], " is on ", tensors[t].device());
-    TORCH_CHECK(tensors[t].is_contiguous(), "deltasync: tensor ", labels[t], " is not contiguous");
+    check_usable(tensors[t], labels[t]);
     refs.push_back(ConstTensorRef{labels[t], tensors[t].const_data_ptr(), static_cast<uint64_t>(tensors[t].numel()),
                                   element_width(tensors[t], labels[t])});
   }
