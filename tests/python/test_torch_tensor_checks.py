@@ -218,3 +218,14 @@ def test_fsdp2_dtensor_parameters_are_refused_not_a_crash(tmp_path):
         assert refusal == ["REFUSED deltasync.DeltaPublisher: tensor 0.weight is a DTensor (a tensor subclass), not a plain "
                            "tensor: deltasync does not ship sharded (DTensor, FSDP2 fully_shard) parameters; publish plain "
                            "tensors, e.g. full_tensor() copies on one rank"], out
+
+
+def test_the_ops_refuse_sparse_and_quantized_tensors_with_one_line():
+    sparse = torch.randn(4).to_sparse()
+    with pytest.raises(RuntimeError, match=r"deltasync: tensor current\[0\] has layout Sparse") as err:
+        deltasync.ops.encode([sparse], [torch.zeros(4)])
+    one_line(err)
+    quantized = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+    with pytest.raises(RuntimeError, match=r"deltasync: tensor tensors\[0\] is quantized \(QInt8\)") as err:
+        deltasync.ops.digest([quantized])
+    one_line(err)

@@ -126,14 +126,21 @@ at::Tensor digest_shift_cpu(const at::Tensor& indices, const at::Tensor& old_val
 #endif
 }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(deltasync, CPU, m) {
+void register_cpu_kernels(torch::Library& m) {
   m.impl("encode", &encode_cpu);
   m.impl("encode_with_base", &encode_with_base_cpu);
   m.impl("apply", &apply_cpu);
   m.impl("digest", &digest_cpu);
   m.impl("digest_shift", &digest_shift_cpu);
 }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(deltasync, CPU, m) { register_cpu_kernels(m); }
+// Sparse and quantized CPU tensors come to the same kernels, whose tensor check refuses them with
+// one line naming the tensor (tensor_checks.hpp), instead of the dispatcher's page on a missing
+// kernel.
+TORCH_LIBRARY_IMPL(deltasync, SparseCPU, m) { register_cpu_kernels(m); }
+TORCH_LIBRARY_IMPL(deltasync, QuantizedCPU, m) { register_cpu_kernels(m); }
 
 }  // namespace deltasync::torch_ext

@@ -29,10 +29,6 @@ def publisher_option_rows():
     return native().publisher_option_fields()
 
 
-def publisher_option_names() -> list[str]:
-    return [row[0] for row in publisher_option_rows()]
-
-
 def keyword_parameters(rows) -> list[inspect.Parameter]:
     """Keyword-only parameters (default None: the C++ default) for options rows."""
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f"{type_name} | None")
