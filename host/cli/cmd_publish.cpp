@@ -73,7 +73,7 @@ uint64_t metadata_u64(const st::Metadata& md, const char* key, uint64_t fallback
   throw Error(label + ": state metadata " + key + " is malformed");
 }
 
-double parse_share(const std::string& flag, const std::string& text) {
+double parse_non_negative(const std::string& flag, const std::string& text) {
   try {
     size_t used = 0;
     double v = std::stod(text, &used);
@@ -125,7 +125,7 @@ int run_publish(const Args& raw) {
     if constexpr (std::is_same_v<T, std::string>) {
       if (auto v = args.get(flag)) f.get(options) = *v;
     } else if constexpr (std::is_floating_point_v<T>) {
-      if (auto v = args.get(flag)) f.get(options) = parse_share(flag, *v);
+      if (auto v = args.get(flag)) f.get(options) = parse_non_negative(flag, *v);
     } else {
       if (auto v = args.get_u64(flag)) {
         if (*v > std::numeric_limits<T>::max()) throw Error("option " + flag + " is out of range: " + std::to_string(*v));
