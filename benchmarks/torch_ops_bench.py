@@ -118,9 +118,9 @@ def vllm_pause(args, device) -> dict:
     n = sum(p.numel() for p in trainer.parameters())
     print(f"  vLLM stand-in TP={args.vllm_tp} rank 0, {n / 1e6:.0f}M HF elements: index maps "
           f"{init['index_map_bytes'] / 1e3:.1f} kB learned in {init['learn_seconds']:.1f} s; update of "
-          f"{report['changed_elements']} changed ({report['bytes'] / 1e6:.1f} MB): pause {min(pauses) * 1e3:.2f} ms "
-          f"(best of {len(pauses)}), whole update {report['seconds'] * 1e3:.1f} ms")
-    return {"vllm_tp": args.vllm_tp, "vllm_pause_s": min(pauses), "vllm_update_s": report["seconds"],
+          f"{report['changed_elements']} changed ({report['bytes_fetched'] / 1e6:.1f} MB): pause {min(pauses) * 1e3:.2f} ms "
+          f"(best of {len(pauses)}), whole update {report['total_seconds'] * 1e3:.1f} ms")
+    return {"vllm_tp": args.vllm_tp, "vllm_pause_s": min(pauses), "vllm_update_s": report["total_seconds"],
             "vllm_index_map_bytes": init["index_map_bytes"], "vllm_learn_s": init["learn_seconds"]}
 
 

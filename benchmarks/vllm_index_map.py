@@ -110,7 +110,7 @@ def _measure_in_worker(worker, hf, checkpoint, shares, repeat, store_dir):
         connected = sub.connect(store)
         init = sub.update(0)
         rows.update(learn_s=connected["learn_seconds"], check_s=connected["check_seconds"],
-                    connect_s=connected["connect_seconds"], anchor_s=init["seconds"],
+                    connect_s=connected["connect_seconds"], anchor_s=init["total_seconds"],
                     anchor_check_s=init["anchor_check_seconds"], anchor_write_s=init["anchor_write_seconds"],
                     anchor_audit_s=init["anchor_audit_seconds"],
                     init_s=time.perf_counter() - t, runs=sub.index_map.runs())

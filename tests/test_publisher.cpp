@@ -8,6 +8,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <set>
+#include <string>
+#include <type_traits>
 
 #include "engine/cpu_engine.hpp"
 #include "sync/protocol.hpp"
@@ -74,6 +77,41 @@ void expect_identical(const HostModel& model, const Trainer& trainer, uint64_t v
     EXPECT_EQ(model.tensors[t].name, trainer.meta[t].name);
     EXPECT_TRUE(model.data[t] == trainer.data[t]) << "tensor " << trainer.meta[t].name << " differs at version " << version;
   }
+}
+
+// The option table names each option once and reaches a distinct member: setting every field
+// through the table changes every option, and names are unique (they become CLI flags and Python
+// keywords).
+TEST(PublisherOptions, TableReachesEveryOptionOnce) {
+  PublisherOptions o;
+  std::set<std::string> names;
+  fields::for_each(publisher_option_fields(), [&](const auto& f) {
+    EXPECT_TRUE(names.insert(std::string(f.name)).second) << f.name;
+    using T = typename std::decay_t<decltype(f)>::value_type;
+    if constexpr (std::is_same_v<T, std::string>) f.get(o) = "trl";
+    else f.get(o) = static_cast<T>(f.get(o) + 7);
+  });
+  const PublisherOptions d;
+  EXPECT_EQ(o.anchor_every, d.anchor_every + 7);
+  EXPECT_EQ(o.anchor_share, d.anchor_share + 7);
+  EXPECT_EQ(o.max_pending, d.max_pending + 7);
+  EXPECT_EQ(o.anchor_part_bytes, d.anchor_part_bytes + 7);
+  EXPECT_EQ(o.parallel_uploads, d.parallel_uploads + 7);
+  EXPECT_EQ(o.keep_anchors, d.keep_anchors + 7);
+  EXPECT_EQ(o.delta_format, "trl");
+}
+
+TEST(PublisherOptions, RefusesOptionsNoPublisherCanWorkWith) {
+  PublisherOptions o;
+  o.anchor_part_bytes = 0;
+  EXPECT_EQ(error_message([&] { check_options(o); }), "publisher: option anchor_part_bytes must be positive");
+  o = {};
+  o.parallel_uploads = 0;
+  EXPECT_EQ(error_message([&] { check_options(o); }), "publisher: option parallel_uploads must be positive");
+  o = {};
+  o.anchor_share = -0.5;
+  EXPECT_EQ(error_message([&] { check_options(o); }), "publisher: option anchor_share must be a non-negative number");
+  EXPECT_NO_THROW(check_options(PublisherOptions{}));
 }
 
 TEST(MergeDeltas, UnionWithNewestValuesAndOldestBase) {

@@ -9,12 +9,17 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
+#include <set>
+#include <string_view>
+#include <type_traits>
 
 #include "args.hpp"
 #include "checkpoint.hpp"
 #include "command.hpp"
 #include "model_files.hpp"
 #include "core/error.hpp"
+#include "core/fields.hpp"
 #include "core/parse_number.hpp"
 #include "sync/protocol.hpp"
 #include "sync/publisher.hpp"
@@ -24,9 +29,36 @@
 namespace deltasync::cli {
 namespace {
 
-constexpr const char* kUsage =
-    "publish CHECKPOINT --store URL --version N [--state DIR] [--anchor-every N] [--anchor-share F] "
-    "[--keep-anchors K] [--anchor-part-bytes B] [--format compact|trl|trl-idx|trl-idx-raw] [--quiet]";
+// The flags the command has besides the publisher options.
+constexpr const char* kOwnOptions[] = {"--store", "--version", "--state"};
+
+// "--anchor-every" for the option field "anchor_every".
+std::string flag_of(std::string_view field) {
+  std::string flag = "--" + std::string(field);
+  for (char& c : flag) c = c == '_' ? '-' : c;
+  return flag;
+}
+
+// A value placeholder for the usage line, from the option's type.
+template <class T>
+const char* placeholder() {
+  if constexpr (std::is_same_v<T, std::string>) return "NAME";
+  else if constexpr (std::is_floating_point_v<T>) return "F";
+  else return "N";
+}
+
+// The usage line: the command's own flags, then one per PublisherOptions field (its table).
+const std::string& usage() {
+  static const std::string text = [] {
+    std::string u = "publish CHECKPOINT --store URL --version N [--state DIR]";
+    fields::for_each(publisher_option_fields(), [&](const auto& f) {
+      using T = typename std::decay_t<decltype(f)>::value_type;
+      u += " [" + flag_of(f.name) + " " + placeholder<T>() + "]";
+    });
+    return u + " [--quiet]";
+  }();
+  return text;
+}
 
 constexpr const char* kShadowFile = "shadow.safetensors";
 
@@ -45,12 +77,13 @@ std::optional<std::pair<HostModel, PublisherState>> state_from_store(Store& stor
 }
 
 int run_publish(const Args& raw) {
-  ParsedArgs args(raw, {"--store", "--version", "--state", "--anchor-every", "--anchor-share", "--keep-anchors", "--anchor-part-bytes", "--format"},
-                  {"--quiet"});
-  args.expect_positional(1, kUsage);
+  std::set<std::string> flags(std::begin(kOwnOptions), std::end(kOwnOptions));
+  fields::for_each(publisher_option_fields(), [&](const auto& f) { flags.insert(flag_of(f.name)); });
+  ParsedArgs args(raw, flags, {"--quiet"});
+  args.expect_positional(1, usage().c_str());
   const bool quiet = args.has("--quiet");
   const uint64_t version = args.get_u64("--version").value_or(0);
-  if (!args.get("--version")) throw Error("missing required option --version: " + std::string(kUsage));
+  if (!args.get("--version")) throw Error("missing required option --version: " + usage());
   const auto start = std::chrono::steady_clock::now();
 
   std::shared_ptr<Store> store = open_store(args.require("--store"));
@@ -59,13 +92,22 @@ int run_publish(const Args& raw) {
   std::vector<TensorMeta> tensors = checkpoint.tensors();
   const std::vector<ConstTensorRef> current = checkpoint_views(checkpoint, tensors);
 
+  // Every PublisherOptions field is a flag; the publisher checks the values (check_options).
   PublisherOptions options;
-  options.anchor_every = args.get_u64("--anchor-every").value_or(options.anchor_every);
-  if (auto s = args.get_real("--anchor-share")) options.anchor_share = *s;
-  options.keep_anchors = args.get_u64("--keep-anchors").value_or(options.keep_anchors);
-  options.anchor_part_bytes = args.get_u64("--anchor-part-bytes").value_or(options.anchor_part_bytes);
-  if (options.anchor_part_bytes == 0) throw Error("option --anchor-part-bytes must be positive");
-  options.delta_format = args.get("--format").value_or(options.delta_format);
+  fields::for_each(publisher_option_fields(), [&](const auto& f) {
+    using T = typename std::decay_t<decltype(f)>::value_type;
+    const std::string flag = flag_of(f.name);
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (auto v = args.get(flag)) f.get(options) = *v;
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (auto v = args.get_real(flag)) f.get(options) = *v;  // the one number rule: no sign, finite
+    } else {
+      if (auto v = args.get_u64(flag)) {
+        if (*v > std::numeric_limits<T>::max()) throw Error("option " + flag + " is out of range: " + std::to_string(*v));
+        f.get(options) = static_cast<T>(*v);
+      }
+    }
+  });
   if (!quiet) options.log = [](const std::string& line) { std::fprintf(stderr, "publish: %s\n", line.c_str()); };
 
   // Where the shadow comes from.
@@ -130,7 +172,7 @@ int run_publish(const Args& raw) {
   return 0;
 }
 
-const bool registered = register_command({"publish", kUsage, &run_publish});
+const bool registered = register_command({"publish", usage().c_str(), &run_publish});
 
 }  // namespace
 }  // namespace deltasync::cli

@@ -57,4 +57,13 @@ std::optional<DType> dtype_from_name(std::string_view name) {
 
 bool is_weight_dtype(DType t) { return row(t).weight; }
 
+std::span<const DType> all_dtypes() {
+  static const auto types = [] {
+    std::array<DType, kDTypes.size()> out{};
+    for (size_t i = 0; i < kDTypes.size(); ++i) out[i] = kDTypes[i].type;
+    return out;
+  }();
+  return types;
+}
+
 }  // namespace deltasync

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 
 namespace deltasync {
@@ -15,5 +16,7 @@ std::string_view dtype_name(DType t);
 std::optional<DType> dtype_from_name(std::string_view name);
 // Weight dtypes deltasync diffs and patches: BF16, F16, F32, F8_E4M3, F8_E5M2.
 bool is_weight_dtype(DType t);
+// Every DType, in enum order (what a table derived from this one walks).
+std::span<const DType> all_dtypes();
 
 }  // namespace deltasync

@@ -130,6 +130,15 @@ struct Publisher::Job {
   VersionStats attempted_stats;
 };
 
+void check_options(const PublisherOptions& options) {
+  if (options.anchor_part_bytes == 0)
+    throw Error("publisher: option anchor_part_bytes must be positive", ErrorKind::kInvalidArgument);
+  if (options.parallel_uploads == 0)
+    throw Error("publisher: option parallel_uploads must be positive", ErrorKind::kInvalidArgument);
+  if (!(options.anchor_share >= 0))
+    throw Error("publisher: option anchor_share must be a non-negative number", ErrorKind::kInvalidArgument);
+}
+
 Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, PublisherOptions options)
     : Publisher(std::move(store), std::move(tensors), std::make_unique<engine::CpuSyncEngine>(), std::move(options)) {}
 
@@ -138,6 +147,7 @@ Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tenso
     : store_(std::move(store)), tensors_(std::move(tensors)), engine_(std::move(engine)), options_(std::move(options)) {
   if (!store_) throw Error("publisher: no store");
   if (!engine_) throw Error("publisher: no engine");
+  check_options(options_);
   try {
     format_ = parse_delta_format(options_.delta_format);
   } catch (const Error& e) {

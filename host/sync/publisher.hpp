@@ -41,6 +41,7 @@
 #include "core/sparse_delta.hpp"
 #include "store/store.hpp"
 #include "sync/protocol.hpp"
+#include "core/fields.hpp"
 #include "core/tensor.hpp"
 
 namespace deltasync {
@@ -58,6 +59,27 @@ struct PublisherOptions {
   std::string delta_format = "compact";  // a delta format name: compact, trl, trl-idx or trl-idx-raw
   std::function<void(const std::string&)> log;  // one-line notes; may be empty
 };
+
+// PublisherOptions' user-facing fields, listed once: the CLI's flags and usage (--anchor-every
+// ...), the Python DeltaPublisher's keywords and publisher_defaults() are all made from this list.
+// The names are the Python keywords; the CLI flag is "--" + the name with '-' for '_'.
+inline auto publisher_option_fields() {
+  using O = PublisherOptions;
+  return std::make_tuple(
+      fields::member("anchor_every", &O::anchor_every, "versions between anchors (0: only by size, and the first)"),
+      fields::member("anchor_share", &O::anchor_share, "anchor when the delta bytes since the last one exceed this share of the model"),
+      fields::member("max_pending", &O::max_pending, "staged versions waiting for upload before merging starts"),
+      fields::member("anchor_part_bytes", &O::anchor_part_bytes, "largest anchor part (a larger tensor makes its own part)"),
+      fields::member("parallel_uploads", &O::parallel_uploads, "objects uploaded at once"),
+      fields::member("keep_anchors", &O::keep_anchors, "anchors kept by retention (0: keep everything)"),
+      fields::member("format", &O::delta_format, "delta layout: compact, trl, trl-idx or trl-idx-raw"));
+}
+// `log` is the caller's, not an option; every other member needs an entry above.
+static_assert(fields::member_count<PublisherOptions>() == std::tuple_size_v<decltype(publisher_option_fields())> + 1,
+              "a PublisherOptions member needs an entry in publisher_option_fields()");
+
+// Refuses options no publisher can work with (one line naming the option).
+void check_options(const PublisherOptions& options);
 
 struct VersionStats {
   uint64_t version = 0;
@@ -79,6 +101,30 @@ struct VersionStats {
   std::optional<uint64_t> merged_into;  // history(): folded into this later version, never uploaded alone
   double throughput_bytes_per_s() const { return upload_seconds > 0 ? (delta_bytes + anchor_bytes) / upload_seconds : 0; }
 };
+
+// VersionStats as callers see it, listed once: the Python binding's dicts and the PublishStats
+// dataclass derive from this list.
+inline auto version_stats_fields() {
+  using S = VersionStats;
+  return std::make_tuple(
+      fields::member("version", &S::version), fields::member("base_version", &S::base_version),
+      fields::member("anchor", &S::anchor), fields::member("visible", &S::visible, "committed to the store"),
+      fields::member("merged_versions", &S::merged_versions, "> 1: this delta also carries earlier, never-uploaded versions"),
+      fields::member("merged_into", &S::merged_into, "not uploaded on its own: folded into this later version"),
+      fields::member("changed_elements", &S::changed_elements), fields::member("delta_bytes", &S::delta_bytes),
+      fields::member("anchor_bytes", &S::anchor_bytes),
+      fields::member("stage_seconds", &S::stage_seconds, "inside publish(): diff + staging"),
+      fields::member("encode_seconds", &S::encode_seconds, "background: serialization, coding, digests"),
+      fields::member("upload_seconds", &S::upload_seconds, "background: store writes"),
+      fields::member("visible_seconds", &S::visible_seconds, "publish() call to version visible"),
+      fields::computed<S>("host_to_device_bytes", [](const S& s) { return s.transfer.host_to_device_bytes; }),
+      fields::computed<S>("device_to_host_bytes", [](const S& s) { return s.transfer.device_to_host_bytes; }),
+      fields::computed<S>("host_syncs", [](const S& s) { return s.transfer.host_syncs; }),
+      fields::member("coded_on_device", &S::coded_on_device));
+}
+// 15 members, `transfer` listed as its three counters: a member added to VersionStats changes
+// the count and needs an entry above.
+static_assert(fields::member_count<VersionStats>() == 15, "a VersionStats member needs an entry in version_stats_fields()");
 
 // What a publisher must remember between processes (the CLI's --state folder).
 struct PublisherState {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "core/fields.hpp"
 #include "engine/engine.hpp"
 #include "engine/host_model.hpp"
 #include "store/store.hpp"
@@ -37,6 +38,31 @@ struct SyncReport {
   double pause_seconds = 0;        // inside the receiver: the weights being written and verified
   engine::TransferCounters transfer;  // host <-> device traffic and host syncs of the applies
 };
+
+// SyncReport as callers see it, listed once: the Python binding's dicts and the UpdateReport
+// dataclass derive from this list (the names are the Python ones).
+inline auto sync_report_fields() {
+  using R = SyncReport;
+  return std::make_tuple(
+      fields::member("from_version", &R::from, "version before (None: nothing usable)"),
+      fields::member("to_version", &R::to), fields::member("anchor", &R::anchor, "the anchor loaded, if any"),
+      fields::member("deltas", &R::deltas, "the deltas applied, in order"),
+      fields::member("changed_elements", &R::changed_elements),
+      fields::member("applied_elements", &R::applied_elements, "elements written here (a TP rank writes its share)"),
+      fields::member("bytes_fetched", &R::bytes_fetched), fields::member("fetch_seconds", &R::fetch_seconds),
+      fields::member("apply_seconds", &R::apply_seconds, "parse + verify + write"),
+      fields::member("pause_seconds", &R::pause_seconds, "the weights being written and verified"),
+      fields::member("total_seconds", &R::total_seconds),
+      fields::computed<R>("recovered", [](const R& r) { return r.recovered ? std::optional<std::string>(r.recovery_reason) : std::nullopt; },
+                          "why the first plan failed and an anchor was loaded"),
+      fields::computed<R>("plan", [](const R& r) { return r.plan.describe(); }),
+      fields::computed<R>("host_to_device_bytes", [](const R& r) { return r.transfer.host_to_device_bytes; }),
+      fields::computed<R>("device_to_host_bytes", [](const R& r) { return r.transfer.device_to_host_bytes; }),
+      fields::computed<R>("host_syncs", [](const R& r) { return r.transfer.host_syncs; }));
+}
+// 15 members (recovered + recovery_reason listed as one, `transfer` as its three counters): a
+// member added to SyncReport changes the count and needs an entry above.
+static_assert(fields::member_count<SyncReport>() == 15, "a SyncReport member needs an entry in sync_report_fields()");
 
 class Subscriber {
  public:

@@ -35,8 +35,9 @@ def kib(n: int) -> str:
 def sync_text(generation, version: int) -> str:
     report = generation.reports[version]
     kind = "anchor" if report.anchor else "delta"
-    return (f"sync v{report.version}: {kind} {kib(report.delta_bytes)} vs full {kib(report.model_bytes)} "
-            f"({report.delta_bytes / report.model_bytes:5.1%}, {report.changed_elements / report.total_elements:6.2%} "
+    written = report.delta_bytes + report.anchor_bytes
+    return (f"sync v{report.version}: {kind} {kib(written)} vs full {kib(report.model_bytes)} "
+            f"({written / report.model_bytes:5.1%}, {report.changed_elements / report.total_elements:6.2%} "
             f"changed), trainer {generation.sync_seconds[version] * 1e3:5.0f} ms in sync, server paused "
             f"{report.pause_seconds * 1e3:4.0f} ms")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deltasync._files import _model_args, _ops, merge_deltas
+from deltasync._files import _model_args, merge_deltas
+from deltasync._library import native
 
 META = [("a", torch.bfloat16, (10,)), ("b", torch.float32, (2, 2))]
 
@@ -44,7 +45,7 @@ def raw_merge(older, newer):
     args = []
     for indices, values, base_values, counts in (older, newer):
         args += [indices, values, base_values, torch.tensor(counts, dtype=torch.int64)]
-    return _ops().delta_merge(*_model_args(META), *args)
+    return native().delta_merge(*_model_args(META), *args)
 
 
 def test_merge_refuses_counts_beyond_the_tensor_naming_the_argument():
@@ -62,11 +63,11 @@ def test_merge_refuses_counts_whose_sizes_wrap_around():
     empty_i, empty_b = torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.uint8)
     zero = torch.zeros(4, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="delta_merge: tensor t0: older_counts entry"):
-        _ops().delta_merge(*_model_args(meta), empty_i, empty_b, empty_b, huge, empty_i, empty_b, empty_b, zero)
+        native().delta_merge(*_model_args(meta), empty_i, empty_b, empty_b, huge, empty_i, empty_b, empty_b, zero)
     # The same counts are possible for tensors of 2^62 elements: refused against the arrays.
     huge_meta = [(f"t{k}", torch.bfloat16, (1 << 62,)) for k in range(4)]
     with pytest.raises(RuntimeError, match="delta_merge: older_indices/older_values sizes disagree with older_counts"):
-        _ops().delta_merge(*_model_args(huge_meta), empty_i, empty_b, empty_b, huge, empty_i, empty_b, empty_b, zero)
+        native().delta_merge(*_model_args(huge_meta), empty_i, empty_b, empty_b, huge, empty_i, empty_b, empty_b, zero)
 
 
 def test_merge_refuses_sizes_that_disagree_with_the_counts():

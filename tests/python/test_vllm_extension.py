@@ -53,7 +53,7 @@ def test_workers_stay_bit_identical_to_a_full_reload(tmp_path, tp_size, tied):
         pub.publish(0)
         pub.flush()
         for report in vs.on_all_ranks(workers, "deltasync_init", store):
-            assert report["version"] == 0 and report["anchor"] == 0
+            assert report["to_version"] == 0 and report["anchor"] == 0
         for r, w in enumerate(workers):
             assert_rank_matches(w, config, vs.TP(r, tp_size), hf_state(trainer))
         for step in range(1, 5):
@@ -61,8 +61,8 @@ def test_workers_stay_bit_identical_to_a_full_reload(tmp_path, tp_size, tied):
             stats = pub.publish(step)
             pub.flush()
             for r, (w, report) in enumerate(zip(workers, vs.on_all_ranks(workers, "deltasync_update"))):
-                assert report["version"] == step and report["deltas"] == [step]
-                assert report["anchor"] is None and report["bytes"] == stats.delta_bytes
+                assert report["to_version"] == step and report["deltas"] == [step]
+                assert report["anchor"] is None and report["bytes_fetched"] == stats.delta_bytes
                 assert report["pause_seconds"] > 0
                 assert 0 < report["changed_elements"] == stats.changed_elements
                 assert_rank_matches(w, config, vs.TP(r, tp_size), hf_state(trainer))
@@ -211,7 +211,7 @@ def test_a_digest_mismatch_on_one_rank_rolls_back_every_rank_and_recovers(tmp_pa
         pub.flush()
         reports = vs.on_all_ranks(workers, "deltasync_update")
     for r, (w, report) in enumerate(zip(workers, reports)):
-        assert report["version"] == 1
+        assert report["to_version"] == 1
         assert report["recovered"] and "digest" in report["recovered"], report["recovered"]
         assert report["anchor"] == 0
         assert_rank_matches(w, config, vs.TP(r, 2), hf_state(trainer))

@@ -70,7 +70,7 @@ at::Tensor digest_cpu(at::TensorList tensors) {
   refs.reserve(tensors.size());
   for (size_t t = 0; t < tensors.size(); ++t) {
     TORCH_CHECK(tensors[t].device().is_cpu(), "deltasync.digest: tensor ", labels[t], " is on ", tensors[t].device());
-    TORCH_CHECK(tensors[t].is_contiguous(), "deltasync: tensor ", labels[t], " is not contiguous");
+    check_usable(tensors[t], labels[t]);
     refs.push_back(ConstTensorRef{labels[t], tensors[t].const_data_ptr(), static_cast<uint64_t>(tensors[t].numel()),
                                   element_width(tensors[t], labels[t])});
   }
@@ -126,14 +126,21 @@ at::Tensor digest_shift_cpu(const at::Tensor& indices, const at::Tensor& old_val
 #endif
 }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(deltasync, CPU, m) {
+void register_cpu_kernels(torch::Library& m) {
   m.impl("encode", &encode_cpu);
   m.impl("encode_with_base", &encode_with_base_cpu);
   m.impl("apply", &apply_cpu);
   m.impl("digest", &digest_cpu);
   m.impl("digest_shift", &digest_shift_cpu);
 }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(deltasync, CPU, m) { register_cpu_kernels(m); }
+// Sparse and quantized CPU tensors come to the same kernels, whose tensor check refuses them with
+// one line naming the tensor (tensor_checks.hpp), instead of the dispatcher's page on a missing
+// kernel.
+TORCH_LIBRARY_IMPL(deltasync, SparseCPU, m) { register_cpu_kernels(m); }
+TORCH_LIBRARY_IMPL(deltasync, QuantizedCPU, m) { register_cpu_kernels(m); }
 
 }  // namespace deltasync::torch_ext

@@ -119,7 +119,7 @@ at::Tensor digest_cuda(at::TensorList tensors) {
   for (size_t t = 0; t < tensors.size(); ++t) {
     TORCH_CHECK(tensors[t].device() == device, "deltasync.digest: tensor ", labels[t], " is on ", tensors[t].device(),
                 ", the first on ", device);
-    TORCH_CHECK(tensors[t].is_contiguous(), "deltasync: tensor ", labels[t], " is not contiguous");
+    check_usable(tensors[t], labels[t]);
     refs.push_back(ConstTensorRef{labels[t], tensors[t].const_data_ptr(), static_cast<uint64_t>(tensors[t].numel()),
                                   element_width(tensors[t], labels[t])});
   }

@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "tensor_checks.hpp"
+
 namespace deltasync::torch_ext {
 
 std::vector<std::string> tensor_labels(const char* list, size_t n, const OptionalNames& names) {
@@ -22,14 +24,20 @@ uint32_t element_width(const at::Tensor& t, const std::string& label) {
   return width;
 }
 
+void check_usable(const at::Tensor& t, const std::string& label) {
+  const std::optional<std::string> reason = unusable_reason(t);
+  TORCH_CHECK(!reason, "deltasync: tensor ", label, " ", reason.value_or(""));
+}
+
 namespace {
 
+// Usable at all, then on the dispatched device and on the first tensor's.
 void check_placed(const at::Tensor& t, const std::string& label, c10::DeviceType device, const c10::Device& first) {
+  check_usable(t, label);
   TORCH_CHECK(t.device().type() == device, "deltasync: tensor ", label, " is on ", t.device(), ", expected ",
               c10::DeviceTypeName(device, /*lower_case=*/true));
   TORCH_CHECK(t.device() == first, "deltasync: tensor ", label, " is on ", t.device(), " but the first tensor is on ",
               first, " (one call handles one device)");
-  TORCH_CHECK(t.is_contiguous(), "deltasync: tensor ", label, " is not contiguous");
 }
 
 }  // namespace

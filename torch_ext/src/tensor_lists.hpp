@@ -23,6 +23,10 @@ std::vector<std::string> tensor_labels(const char* list, size_t n, const Optiona
 // Bytes per element of a tensor deltasync can diff or patch (1, 2 or 4), else throws naming it.
 uint32_t element_width(const at::Tensor& t, const std::string& label);
 
+// Throws (c10::Error naming `label`) unless t can be read as numel() elements at data_ptr()
+// (tensor_checks.hpp): what every operator checks of every tensor it touches.
+void check_usable(const at::Tensor& t, const std::string& label);
+
 struct EncodeArgs {
   std::vector<std::string> labels;
   std::vector<EncodeItem> items;

@@ -36,7 +36,7 @@ def test_write_behind_the_receivers_back_is_caught_rolled_back_and_recovered(tmp
             llm.collective_rpc(_corrupt_final_norm)
             (report,) = llm.collective_rpc("deltasync_update", args=(1,))
             got = eng.runtime_params(llm)
-    assert report["version"] == 1 and report["anchor"] == 0, report
+    assert report["to_version"] == 1 and report["anchor"] == 0, report
     assert report["recovered"] and "digest" in report["recovered"], report["recovered"]
     with eng.engine(tm.save(trainer, tmp_path / "v1")) as fresh:
         eng.assert_same_params(got, eng.runtime_params(fresh), "version 1")

@@ -98,7 +98,7 @@ def test_engine_follows_store_bit_identical_to_fresh_loads(tmp_path, kind, tp, l
                 reports = follow_with_worker_extension(llm, store, v)
             else:
                 reports = follow_with_backend(llm, store, v, versions - 1)
-            assert len(reports) == tp and all(r["version"] == v for r in reports)
+            assert len(reports) == tp and all(r["to_version"] == v for r in reports)
             if v == 0:
                 assert all(r["anchor"] == 0 for r in reports)
             else:

@@ -1,10 +1,11 @@
-"""torch dtypes and their safetensors names (the spelling the C++ library and files use)."""
+"""torch dtypes and their safetensors names (the spelling the C++ library and files use), from the
+C++ dtype table (core/dtype.hpp, paired with torch's in torch_ext/src/torch_dtype.cpp)."""
 from __future__ import annotations
 
-import torch
+from ._library import native
 
-ST_DTYPE = {
-    torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-}
-TORCH_DTYPE = {v: k for k, v in ST_DTYPE.items()}
+_ROWS = native().dtype_table()  # (name, width, weight, torch dtype)
+
+ST_DTYPE = {dtype: name for name, _, _, dtype in _ROWS}
+TORCH_DTYPE = {name: dtype for name, _, _, dtype in _ROWS}
+WEIGHT_DTYPES = frozenset(dtype for _, _, weight, dtype in _ROWS if weight)

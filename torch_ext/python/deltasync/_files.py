@@ -1,6 +1,7 @@
-"""Delta and anchor files, through the C++ library (torch_ext/src/delta_ops.cpp: delta_io.hpp,
+"""Delta and anchor files, through the C++ library (the native module's plain functions,
+torch_ext/src/bindings/delta_files.cpp: delta_io.hpp,
 delta_file.hpp, compact_codec.hpp, integrity.hpp). Layouts, metadata and digest keys are the
-library's; this module only turns model descriptions and tensors into the ops' arguments.
+library's; this module only turns model descriptions and tensors into their arguments.
 
 Delta layouts: "trl" (NAME.indices + NAME.values, the interoperable layout) and "compact"
 (entropy-coded, values relative to the base bits: reading one needs the base weights in host
@@ -14,22 +15,11 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import load as load_safetensors
 
-from ._library import load as load_ops
-
-ST_DTYPE = {
-    torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-    torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32",
-}
-TORCH_DTYPE = {v: k for k, v in ST_DTYPE.items()}
+from ._dtypes import ST_DTYPE
+from ._library import native
 
 # A model description: (name, torch dtype, shape) per tensor, in model order.
 Meta = list[tuple[str, torch.dtype, tuple[int, ...]]]
-
-
-def _ops():
-    load_ops()
-    return torch.ops.deltasync
 
 
 def _model_args(meta: Meta):
@@ -59,7 +49,7 @@ def serialize_delta(format: str, meta: Meta, indices: torch.Tensor, values: torc
                     base_digests: list[int], result_digests: list[int]) -> bytes:
     """The encode's host-staged output (int64 indices, value bytes, base bytes -- needed by
     "compact" --, per-tensor counts) as delta bytes; digests are per tensor in model order."""
-    out = _ops().delta_serialize(format, *_model_args(meta), indices, values.view(torch.uint8),
+    out = native().delta_serialize(format, *_model_args(meta), indices, values.view(torch.uint8),
                                  None if base_values is None else base_values.view(torch.uint8),
                                  torch.tensor(counts, dtype=torch.int64), version, base_version,
                                  [_signed(d) for d in base_digests], [_signed(d) for d in result_digests])
@@ -74,13 +64,13 @@ def merge_deltas(meta: Meta, older: tuple, newer: tuple) -> tuple:
     for indices, values, base_values, counts in (older, newer):
         args += [indices, values.view(torch.uint8), base_values.view(torch.uint8),
                  torch.tensor(counts, dtype=torch.int64)]
-    indices, values, base_values, counts = _ops().delta_merge(*_model_args(meta), *args)
+    indices, values, base_values, counts = native().delta_merge(*_model_args(meta), *args)
     return indices, values, base_values, counts.tolist()
 
 
 def serialize_anchor_part(meta: Meta, tensors: list[torch.Tensor], version: int, part: int, parts: int,
                           digests: list[int]) -> bytes:
-    out = _ops().anchor_serialize(*_model_args(meta), [t.contiguous() for t in tensors], version, part, parts,
+    out = native().anchor_serialize(*_model_args(meta), [t.contiguous() for t in tensors], version, part, parts,
                                   [_signed(d) for d in digests])
     return out.numpy().tobytes()
 
@@ -103,7 +93,7 @@ def parse_delta(data: bytes, label: str, meta: Meta, base: list[torch.Tensor] | 
     shapes checked in C++). `base` (the model's tensors on the CPU, in meta order) is needed
     for compact deltas to be decoded here; without it a compact delta comes back `relative`."""
     (fmt, relative, version, base_version, names, indices, values, counts, has_digests, digest_names, base_d,
-     result_d) = _ops().delta_read(_bytes_tensor(data), label, *_model_args(meta), base)
+     result_d) = native().delta_read(_bytes_tensor(data), label, *_model_args(meta), base)
     dtype_of = {n: d for n, d, _ in meta}
     counts = counts.tolist()
     index_parts = torch.split(indices, counts)
@@ -121,13 +111,13 @@ def rebase_values(unbased: torch.Tensor, base_bits: torch.Tensor, counts: list[i
     """Second phase of a relative compact read (C++ compact::rebase_values): the new bits (uint8,
     CPU) from the unbased values and the base bits gathered at the same positions; counts[t]
     elements of widths[t] bytes per tensor, back to back."""
-    return _ops().compact_rebase(unbased.reshape(-1).view(torch.uint8).cpu().contiguous(),
+    return native().compact_rebase(unbased.reshape(-1).view(torch.uint8).cpu().contiguous(),
                                  base_bits.reshape(-1).view(torch.uint8).cpu().contiguous(),
                                  torch.tensor(counts, dtype=torch.int64), widths)
 
 
 def parse_anchor_part(data: bytes, label: str) -> tuple[dict[str, torch.Tensor], dict[str, int] | None, int]:
     """(tensors, checkpoint digests or None, model_version) of an anchor part."""
-    version, has_digests, names, digests = _ops().anchor_read_digests(_bytes_tensor(data), label)
+    version, has_digests, names, digests = native().anchor_read_digests(_bytes_tensor(data), label)
     mask = (1 << 64) - 1
     return load_safetensors(data), ({n: d & mask for n, d in zip(names, digests)} if has_digests else None), version

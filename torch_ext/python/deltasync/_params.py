@@ -1,5 +1,7 @@
 """Named tensors from a model, a dict or (name, tensor) pairs: what publisher and subscriber work on.
-The C++ library checks dtypes, devices and layout; this only collects the tensors."""
+The C++ library checks dtypes, devices and layout; this only collects the tensors -- the tensors
+themselves, not detached aliases, so that the library sees a later `param.data = ...` (a new
+dtype, shape or memory) and refuses it instead of working on the memory the alias kept."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -19,7 +21,7 @@ def named_tensors(source) -> list[tuple[str, torch.Tensor]]:
     names = [n for n, _ in items]
     if len(set(names)) != len(names):
         raise ValueError("deltasync: duplicate tensor names")
-    return [(name, t.detach()) for name, t in items]
+    return items
 
 
 def int_view(t: torch.Tensor) -> torch.Tensor:

@@ -26,43 +26,30 @@ recovers from the next anchor.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import inspect
+from dataclasses import field, fields
 
 import torch
 
 from ._library import native
 from ._params import named_tensors
+from ._records import keyword_parameters, publisher_option_rows, record_class, version_stats_rows
 
 
-@dataclass
-class PublishStats:
-    """One version as the publisher saw it (a snapshot: read pub.stats again for later state)."""
+def _sparsity(self) -> float:
+    return 1.0 - self.changed_elements / self.total_elements if self.total_elements else 1.0
 
-    version: int
-    base_version: int | None = None
-    anchor: bool = False
-    visible: bool = False           # committed to the store
-    merged_versions: int = 1        # > 1: this version's delta also carries earlier, never-uploaded ones
-    merged_into: int | None = None  # not uploaded on its own: folded into this later version
-    changed_elements: int = 0
-    total_elements: int = 0
-    delta_bytes: int = 0
-    anchor_bytes: int = 0
-    stage_seconds: float = 0.0      # inside publish(): diff + staging (trainer-visible)
-    encode_seconds: float = 0.0     # background: serialization, coding, digests
-    upload_seconds: float = 0.0     # background: store writes
-    visible_seconds: float = 0.0    # publish() call to version visible
-    host_to_device_bytes: int = 0   # counted by the engine inside publish()
-    device_to_host_bytes: int = 0
-    host_syncs: int = 0
-    coded_on_device: bool = False
 
-    @property
-    def sparsity(self) -> float:
-        return 1.0 - self.changed_elements / self.total_elements if self.total_elements else 1.0
-
+# One version as the publisher saw it: the fields of the C++ VersionStats (version_stats_fields()
+# in host/sync/publisher.hpp), plus the model's total_elements.
+PublishStats = record_class(
+    "PublishStats", version_stats_rows(),
+    "One version as the publisher saw it (a snapshot: read pub.stats again for later state).",
+    extra=(("total_elements", int, field(default=0)),), namespace={"sparsity": property(_sparsity)},
+    module=__name__)
 
 _STAT_FIELDS = {f.name for f in fields(PublishStats)}
+_OPTION_NAMES = [row[0] for row in publisher_option_rows()]
 
 
 class LivePublishStats(PublishStats):
@@ -82,26 +69,26 @@ class LivePublishStats(PublishStats):
 
 
 class DeltaPublisher:
-    def __init__(self, model, store, anchor_every: int | None = None, format: str | None = None,
-                 low_memory: bool = False, anchor_part_bytes: int | None = None, max_pending: int | None = None,
-                 log=None, keep_anchors: int | None = None, anchor_share: float | None = None,
-                 parallel_uploads: int | None = None, resume: bool = False):
-        """resume=True continues the store where the last publisher left it (a restart after a
+    def __init__(self, model, store, *, low_memory: bool = False, log=None, resume: bool = False, **options):
+        """The keywords are the C++ PublisherOptions' fields (publisher_option_fields(); None: the
+        C++ default); the signature below lists them.
+
+        resume=True continues the store where the last publisher left it (a restart after a
         crash, no local state needed): the newest visible version is pulled, verified, written
         into `model` and becomes the shadow (`resumed_version`; None for an empty store), so the
         next publish is a delta from it. Host-memory models only."""
-        if format is None and low_memory:
-            format = "trl"  # the compact layout needs the base bits, which the low-memory shadow lacks
+        unknown = sorted(set(options) - set(_OPTION_NAMES))
+        if unknown:
+            raise TypeError(f"DeltaPublisher() got an unexpected keyword argument '{unknown[0]}'")
+        if options.get("format") is None and low_memory:
+            options["format"] = "trl"  # the compact layout needs the base bits, which the low-memory shadow lacks
         named = named_tensors(model)
         self.names = [n for n, _ in named]
         self.params = [t for _, t in named]
         self.device = self.params[0].device
         self.store = str(store)
         self._total = sum(t.numel() for t in self.params)
-        options = dict(anchor_every=anchor_every, format=format, low_memory=low_memory,
-                       anchor_part_bytes=anchor_part_bytes, max_pending=max_pending, keep_anchors=keep_anchors,
-                       anchor_share=anchor_share, parallel_uploads=parallel_uploads)
-        self._native = native().Publisher(self.store, self.names, self.params, options, log)
+        self._native = native().Publisher(self.store, self.names, self.params, {**options, "low_memory": low_memory}, log)
         self.format = self._native.format
         self.low_memory = low_memory
         self._last_version: int | None = None
@@ -186,6 +173,14 @@ class DeltaPublisher:
 
     def _stats(self, d: dict) -> PublishStats:
         return PublishStats(total_elements=self._total, **{k: v for k, v in d.items() if k in _STAT_FIELDS})
+
+
+DeltaPublisher.__init__.__signature__ = inspect.Signature(
+    [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("self", "model", "store")]
+    + [inspect.Parameter("low_memory", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool"),
+       inspect.Parameter("log", inspect.Parameter.KEYWORD_ONLY, default=None),
+       inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool")]
+    + keyword_parameters(publisher_option_rows()))
 
 
 def publisher_defaults() -> dict:

@@ -13,34 +13,20 @@ the newest anchor. Nothing here but passing the tensors in.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 
 import torch
 
 from ._library import native
 from ._params import named_tensors
+from ._records import record_class, update_report_rows
 from .errors import IntegrityError, WrongBaseError  # noqa: F401  (re-exported: deltasync.subscriber.IntegrityError)
 
 
-@dataclass
-class UpdateReport:
-    from_version: int | None = None
-    to_version: int | None = None
-    anchor: int | None = None
-    deltas: list[int] = field(default_factory=list)
-    changed_elements: int = 0
-    applied_elements: int = 0    # elements written here (a TP rank writes its share)
-    bytes_fetched: int = 0
-    fetch_seconds: float = 0.0
-    apply_seconds: float = 0.0   # parse + verify + write
-    pause_seconds: float = 0.0   # the weights being written and verified
-    total_seconds: float = 0.0
-    recovered: str | None = None  # why the first plan failed and an anchor was loaded
-    plan: str = ""
-    host_to_device_bytes: int = 0
-    device_to_host_bytes: int = 0
-    host_syncs: int = 0
-
+# What one update did: the fields of the C++ SyncReport (sync_report_fields() in
+# host/sync/subscriber.hpp).
+UpdateReport = record_class("UpdateReport", update_report_rows(), "What one update did (C++ SyncReport).",
+                            module=__name__)
 
 _REPORT_FIELDS = {f.name for f in fields(UpdateReport)}
 

@@ -1,5 +1,6 @@
 // deltasync::Error -> the Python exception class of its kind (deltasync/errors.py), so Python
-// callers catch what they can act on instead of matching messages.
+// callers catch what they can act on instead of matching messages; c10::Error -> RuntimeError.
+#include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
 
 #include "bindings/module.hpp"
@@ -34,6 +35,10 @@ void bind_errors(py::module_& m) {
     } catch (const Error& e) {
       py::object cls = py::module_::import("deltasync.errors").attr(class_name(e.kind()));
       PyErr_SetString(cls.ptr(), e.what());
+    } catch (const c10::Error& e) {
+      // An argument check (TORCH_CHECK) of a plain binding: the one-line message, as torch's
+      // own functions raise it, without the C++ backtrace.
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     }
   });
   m.def("_raise_for_test", [](int kind, const std::string& what) { throw Error(what, static_cast<ErrorKind>(kind)); },

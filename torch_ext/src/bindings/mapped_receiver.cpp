@@ -85,7 +85,10 @@ class MappedSubscriber final : public SubscriberBinding {
 
  private:
   Receiver& receiver() override { return *receiver_; }
-  void prepare() override { use_current_stream(*engine_, set_); }
+  void prepare() override {
+    set_.check_unchanged("deltasync.vllm receiver");
+    use_current_stream(*engine_, set_);
+  }
 
   // The all-reduce of the digest partials, in Python (torch.distributed over the TP group).
   static CombinePartials combiner(py::object fn) {

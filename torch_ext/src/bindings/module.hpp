@@ -12,5 +12,7 @@ void bind_publisher(pybind11::module_& m);
 void bind_subscriber(pybind11::module_& m);
 void bind_mapped_receiver(pybind11::module_& m);
 void bind_store_watcher(pybind11::module_& m);
+void bind_dtypes(pybind11::module_& m);
+void bind_files(pybind11::module_& m);
 
 }  // namespace deltasync::torch_ext

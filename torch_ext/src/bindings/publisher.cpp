@@ -8,6 +8,7 @@
 
 #include "bindings/log_callback.hpp"
 #include "bindings/module.hpp"
+#include "bindings/records.hpp"
 #include "bindings/tensor_set.hpp"
 #include "core/error.hpp"
 #include "store/store.hpp"
@@ -19,45 +20,14 @@ namespace py = pybind11;
 namespace deltasync::torch_ext {
 namespace {
 
-py::dict stats_dict(const VersionStats& s) {
-  py::dict d;
-  d["version"] = s.version;
-  d["base_version"] = s.base_version ? py::object(py::int_(*s.base_version)) : py::none();
-  d["anchor"] = s.anchor;
-  d["visible"] = s.visible;
-  d["merged_versions"] = s.merged_versions;
-  d["merged_into"] = s.merged_into ? py::object(py::int_(*s.merged_into)) : py::none();
-  d["changed_elements"] = s.changed_elements;
-  d["delta_bytes"] = s.delta_bytes;
-  d["anchor_bytes"] = s.anchor_bytes;
-  d["stage_seconds"] = s.stage_seconds;
-  d["encode_seconds"] = s.encode_seconds;
-  d["upload_seconds"] = s.upload_seconds;
-  d["visible_seconds"] = s.visible_seconds;
-  d["host_to_device_bytes"] = s.transfer.host_to_device_bytes;
-  d["device_to_host_bytes"] = s.transfer.device_to_host_bytes;
-  d["host_syncs"] = s.transfer.host_syncs;
-  d["coded_on_device"] = s.coded_on_device;
-  return d;
-}
+py::dict stats_dict(const VersionStats& s) { return record_dict(s, version_stats_fields()); }
 
+// The DeltaPublisher's keywords: PublisherOptions' fields, plus low_memory (an engine option).
 PublisherOptions options_from(const py::dict& given, bool& low_memory) {
+  low_memory = given.contains("low_memory") && !given["low_memory"].is_none() && py::cast<bool>(given["low_memory"]);
   PublisherOptions o;
-  low_memory = false;
-  for (auto [key, value] : given) {
-    const std::string k = py::cast<std::string>(key);
-    if (value.is_none()) continue;  // None: the C++ default
-    if (k == "anchor_every") o.anchor_every = py::cast<uint64_t>(value);
-    else if (k == "anchor_share") o.anchor_share = py::cast<double>(value);
-    else if (k == "max_pending") o.max_pending = py::cast<size_t>(value);
-    else if (k == "anchor_part_bytes") o.anchor_part_bytes = py::cast<uint64_t>(value);
-    else if (k == "parallel_uploads") o.parallel_uploads = py::cast<unsigned>(value);
-    else if (k == "keep_anchors") o.keep_anchors = py::cast<size_t>(value);
-    else if (k == "format") o.delta_format = py::cast<std::string>(value);
-    else if (k == "low_memory") low_memory = py::cast<bool>(value);
-    else throw Error("deltasync.DeltaPublisher: unknown option '" + k + "'");
-  }
-  if (o.anchor_part_bytes == 0) throw Error("deltasync.DeltaPublisher: anchor_part_bytes must be positive");
+  for (const std::string& key : set_fields(o, publisher_option_fields(), given, "deltasync.DeltaPublisher"))
+    if (key != "low_memory") throw Error("deltasync.DeltaPublisher: unknown option '" + key + "'", ErrorKind::kInvalidArgument);
   return o;
 }
 
@@ -171,18 +141,7 @@ class PublisherBinding {
   PublisherState closed_state_;
 };
 
-py::dict publisher_defaults() {
-  const PublisherOptions o;
-  py::dict d;
-  d["anchor_every"] = o.anchor_every;
-  d["anchor_share"] = o.anchor_share;
-  d["max_pending"] = o.max_pending;
-  d["anchor_part_bytes"] = o.anchor_part_bytes;
-  d["parallel_uploads"] = o.parallel_uploads;
-  d["keep_anchors"] = o.keep_anchors;
-  d["format"] = o.delta_format;
-  return d;
-}
+py::dict publisher_defaults() { return record_dict(PublisherOptions{}, publisher_option_fields()); }
 
 }  // namespace
 
@@ -201,6 +160,10 @@ void bind_publisher(py::module_& m) {
       .def_property_readonly("low_memory", &PublisherBinding::low_memory)
       .def_property_readonly("shadow_bytes", &PublisherBinding::shadow_bytes);
   m.def("publisher_defaults", &publisher_defaults, "PublisherOptions' defaults: the one set the CLI and Python share.");
+  m.def("publisher_option_fields", [] { return describe_fields<PublisherOptions>(publisher_option_fields()); },
+        "(name, type, default, help) of every publisher option: the DeltaPublisher's keywords and the CLI's flags.");
+  m.def("version_stats_fields", [] { return describe_fields<VersionStats>(version_stats_fields()); },
+        "(name, type, default, help) of every field of a version's stats (PublishStats).");
 }
 
 }  // namespace deltasync::torch_ext

@@ -6,6 +6,7 @@
 
 #include "bindings/log_callback.hpp"
 #include "bindings/module.hpp"
+#include "bindings/records.hpp"
 #include "bindings/subscriber_binding.hpp"
 #include "bindings/tensor_set.hpp"
 #include "codec/digest.hpp"
@@ -15,26 +16,7 @@ namespace py = pybind11;
 
 namespace deltasync::torch_ext {
 
-py::dict report_dict(const SyncReport& r) {
-  py::dict d;
-  d["from_version"] = r.from ? py::object(py::int_(*r.from)) : py::none();
-  d["to_version"] = r.to;
-  d["anchor"] = r.anchor ? py::object(py::int_(*r.anchor)) : py::none();
-  d["deltas"] = r.deltas;
-  d["changed_elements"] = r.changed_elements;
-  d["applied_elements"] = r.applied_elements;
-  d["bytes_fetched"] = r.bytes_fetched;
-  d["fetch_seconds"] = r.fetch_seconds;
-  d["apply_seconds"] = r.apply_seconds;
-  d["pause_seconds"] = r.pause_seconds;
-  d["total_seconds"] = r.total_seconds;
-  d["recovered"] = r.recovered ? py::object(py::str(r.recovery_reason)) : py::none();
-  d["plan"] = r.plan.describe();
-  d["host_to_device_bytes"] = r.transfer.host_to_device_bytes;
-  d["device_to_host_bytes"] = r.transfer.device_to_host_bytes;
-  d["host_syncs"] = r.transfer.host_syncs;
-  return d;
-}
+py::dict report_dict(const SyncReport& r) { return record_dict(r, sync_report_fields()); }
 
 SubscriberBinding::SubscriberBinding(const std::string& store_url, py::object log) : store_(open_store(store_url)) {
   SubscriberOptions o;
@@ -104,7 +86,10 @@ class TensorSubscriber final : public SubscriberBinding {
 
  private:
   Receiver& receiver() override { return *receiver_; }
-  void prepare() override { use_current_stream(*engine_, set_); }
+  void prepare() override {
+    set_.check_unchanged("deltasync.DeltaSubscriber");
+    use_current_stream(*engine_, set_);
+  }
 
   TensorSet set_;
   std::unique_ptr<engine::SyncEngine> engine_;
@@ -125,6 +110,8 @@ void bind_subscriber(py::module_& m) {
       .def(py::init<const std::string&, const std::vector<std::string>&, const std::vector<at::Tensor>&, py::object>(),
            py::arg("store"), py::arg("names"), py::arg("tensors"), py::arg("log") = py::none())
       .def_property_readonly("device", &TensorSubscriber::device);
+  m.def("update_report_fields", [] { return describe_fields<SyncReport>(sync_report_fields()); },
+        "(name, type, default, help) of every field of an update's report (UpdateReport).");
 }
 
 }  // namespace deltasync::torch_ext

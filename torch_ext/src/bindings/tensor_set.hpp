@@ -1,5 +1,6 @@
 // PyTorch tensors as the plain descriptions the engine takes (TensorMeta + TensorRef), with the
-// checks that every binding needs: one device for the whole set, contiguous, a weight dtype.
+// checks that every binding needs (tensor_checks.hpp: dense, contiguous, within its storage, no
+// subclass), one device for the whole set, a weight dtype.
 // The at::Tensor handles are kept alongside the raw pointers so the memory stays alive.
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -21,6 +22,10 @@ struct TensorSet {
   int device_index = 0;
 
   std::vector<ConstTensorRef> const_refs() const;
+  // Throws naming the tensor when one no longer is what the refs describe: resized, given new
+  // memory (assigned .data, set_()) or its storage freed since the set was made. Called before
+  // every use of refs made earlier (the subscribers' updates).
+  void check_unchanged(const char* what) const;
 };
 
 // Throws deltasync::Error naming the tensor (`what` names the caller in the message).

@@ -17,12 +17,12 @@
 from __future__ import annotations
 
 from .engine import InferenceEngine, SubscriberEngine
-from .sync import DeltaSync, SyncReport
+from .sync import DeltaSync, SyncReport, WeightSyncReport
 from .vllm_server import VLLMServerEngine, VLLMServerError
 from .weight_transfer import DeltaWeightTransfer
 
 __all__ = ["DeltaSync", "DeltaSyncCallback", "DeltaSyncGRPOTrainer", "DeltaWeightTransfer", "InferenceEngine", "SubscriberEngine",
-           "SyncReport", "VLLMServerEngine", "VLLMServerError"]
+           "SyncReport", "VLLMServerEngine", "VLLMServerError", "WeightSyncReport"]
 
 
 def __getattr__(name):

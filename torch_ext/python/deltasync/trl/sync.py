@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -15,19 +15,19 @@ from .engine import InferenceEngine
 
 
 @dataclass
-class SyncReport:
-    """What one sync cost, as the trainer and the engine saw it."""
+class WeightSyncReport(PublishStats):
+    """One weight sync: the publisher's stats of the version (every PublishStats field, refreshed
+    once the version is visible: delta_bytes, anchor_bytes, upload_seconds, ...), plus what the
+    trainer and the engine saw."""
 
-    version: int
-    anchor: bool
-    changed_elements: int
-    total_elements: int
-    model_bytes: int
-    publish_seconds: float  # inside the trainer: diff + staging, plus the wait for the upload when it waited
-    upload_seconds: float = 0.0  # background: digests, serialization, store writes (0 until visible)
-    delta_bytes: int = 0  # bytes written to the store for this version (0 until visible)
+    model_bytes: int = 0
+    publish_seconds: float = 0.0  # inside the trainer: diff + staging, plus the wait for the upload when it waited
     pause_seconds: float | None = None  # engine paused (None: no engine, or not yet resumed)
     served_version: int | None = None  # what the engine serves after the update
+
+
+SyncReport = WeightSyncReport  # its earlier name, kept for callers (docs/torch.md)
+_STATS_FIELDS = [f.name for f in fields(PublishStats)]
 
 
 class DeltaSync:
@@ -44,7 +44,7 @@ class DeltaSync:
         self.engine = engine
         self.publisher_options = publisher_options
         self.publisher: DeltaPublisher | None = None
-        self.reports: list[SyncReport] = []
+        self.reports: list[WeightSyncReport] = []
         self._held: dict[str, torch.Tensor] | None = None
         self._paused_at: float | None = None
         self._last_version: int | None = None
@@ -56,7 +56,7 @@ class DeltaSync:
 
     @torch.no_grad()
     def publish(self, tensors, version: int | None = None, wait: bool | None = None,
-                resume: bool = True) -> SyncReport:
+                resume: bool = True) -> WeightSyncReport:
         """Publishes `tensors` as `version` (default: the last one + 1, from first_version). With an engine
         (or wait=True) it returns once the version is visible and, with an engine, served; the
         engine is resumed unless resume=False (then call resume_engine())."""
@@ -68,10 +68,8 @@ class DeltaSync:
         wait = self.engine is not None if wait is None else wait
         if wait:
             self.publisher.flush()
-        report = SyncReport(version=version, anchor=stats.anchor, changed_elements=stats.changed_elements,
-                            total_elements=stats.total_elements, model_bytes=self._model_bytes,
-                            publish_seconds=time.perf_counter() - started)
-        self._fill_upload(report, stats)
+        report = WeightSyncReport(model_bytes=self._model_bytes, publish_seconds=time.perf_counter() - started)
+        self._fill_stats(report, stats)
         self.reports.append(report)
         if self.engine is not None:
             self._paused_at = time.perf_counter()
@@ -113,13 +111,12 @@ class DeltaSync:
         by_version = {s.version: s for s in self.publisher.stats}
         for report in self.reports:
             if report.version in by_version:
-                self._fill_upload(report, by_version[report.version])
+                self._fill_stats(report, by_version[report.version])
 
     @staticmethod
-    def _fill_upload(report: SyncReport, stats: PublishStats) -> None:
-        if stats.visible:
-            report.upload_seconds = stats.upload_seconds
-            report.delta_bytes = stats.delta_bytes + stats.anchor_bytes
+    def _fill_stats(report: WeightSyncReport, stats: PublishStats) -> None:
+        for name in _STATS_FIELDS:
+            setattr(report, name, getattr(stats, name))
 
     def _stage(self, tensors) -> None:
         if isinstance(tensors, torch.nn.Module):

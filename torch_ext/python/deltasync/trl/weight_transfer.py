@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import torch
 
 from .engine import InferenceEngine
-from .sync import DeltaSync, SyncReport
+from .sync import DeltaSync, WeightSyncReport
 
 
 class DeltaWeightTransfer:
@@ -31,7 +31,7 @@ class DeltaWeightTransfer:
         self.sync = DeltaSync(store, engine, first_version=1, **publisher_options)
 
     @property
-    def reports(self) -> list[SyncReport]:
+    def reports(self) -> list[WeightSyncReport]:
         return self.sync.reports
 
     def init_weight_transfer(self) -> None:

@@ -14,6 +14,7 @@ failure.
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -48,13 +49,11 @@ def published_tensors(store: str, version: int | None = None) -> dict[str, tuple
 
 
 def report_dict(r: UpdateReport, stages: dict | None = None) -> dict:
-    """An update's report; `stages`: the mapped receiver's seconds per stage (map_seconds: HF ->
-    runtime positions, scatter_seconds: the writes, and parse/gather/pack/digest, anchor_*)."""
-    return {"version": r.to_version, "from_version": r.from_version, "anchor": r.anchor, "deltas": r.deltas,
-            "changed_elements": r.changed_elements, "applied_elements": r.applied_elements,
-            "bytes": r.bytes_fetched, "seconds": r.total_seconds, "fetch_seconds": r.fetch_seconds,
-            "apply_seconds": r.apply_seconds, "pause_seconds": r.pause_seconds, "recovered": r.recovered,
-            **(stages or {})}
+    """An update's report: the UpdateReport's fields under their own names (to_version,
+    bytes_fetched, total_seconds, ...), and `stages`: the mapped receiver's seconds per stage
+    (map_seconds: HF -> runtime positions, scatter_seconds: the writes, and parse/gather/pack/digest,
+    anchor_*)."""
+    return {**asdict(r), **(stages or {})}
 
 
 # Set on the model once deltasync began writing into its weights (kept across subscribers).

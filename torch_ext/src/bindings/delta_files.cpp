@@ -1,12 +1,14 @@
 // Delta and anchor files of the C++ library (delta_io.hpp, delta_file.hpp, integrity.hpp,
-// compact_codec.hpp) for the Python package: the publisher serializes the encode's host-staged
-// output in the "trl" or "compact" layout, the subscribers read any delta back as concatenated
+// compact_codec.hpp) for the Python package (deltasync/_files.py), as plain functions of the
+// native module -- not torch.ops: custom operators wrap tensor work only. They serialize an
+// encode's host-staged output in any delta layout and read any delta back as concatenated
 // (indices, values, counts). Thin: layouts, metadata and digest rules all live in the library;
 // this file only converts arguments. A model is described by parallel lists: names, safetensors
 // dtype names ("BF16", ...), ranks and the dims of all shapes back to back (the schema language
-// has no nested lists). Absent versions travel as None (arguments) or -1 (results).
-#include <ATen/ATen.h>
-#include <torch/library.h>
+// of the operators had no nested lists). Absent versions travel as None (arguments) or -1
+// (results). Argument errors are c10::Errors (RuntimeError in Python) prefixed by the function.
+#include <pybind11/stl.h>
+#include <torch/extension.h>
 
 #include <cstring>
 #include <optional>
@@ -19,6 +21,7 @@
 #include "codec/delta_io.hpp"
 #include "engine/integrity.hpp"
 #include "sync/publisher.hpp"
+#include "bindings/module.hpp"
 #include "tensor_lists.hpp"
 
 namespace deltasync::torch_ext {
@@ -172,7 +175,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_merge(
 // One anchor part: the tensors whole (contiguous CPU), with format="anchor",
 // anchor_part="PART/PARTS", model_version and the checkpoint digests of its tensors.
 at::Tensor anchor_serialize(std::vector<std::string> names, std::vector<std::string> dtypes, std::vector<int64_t> ranks,
-                            std::vector<int64_t> dims, at::TensorList tensors, int64_t version, int64_t part,
+                            std::vector<int64_t> dims, const std::vector<at::Tensor>& tensors, int64_t version, int64_t part,
                             int64_t parts, std::vector<int64_t> digests) {
   constexpr const char* op = "deltasync.anchor_serialize";
   const std::vector<TensorMeta> meta = model_meta(op, names, dtypes, ranks, dims);
@@ -328,29 +331,24 @@ std::tuple<int64_t, bool, std::vector<std::string>, std::vector<int64_t>> anchor
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(deltasync, m) {
-  m.def(
-      "delta_serialize(str format, str[] names, str[] dtypes, int[] ranks, int[] dims, Tensor indices, Tensor values, "
-      "Tensor? base_values, Tensor counts, int version, int? base_version, int[] base_digests, int[] result_digests) "
-      "-> Tensor",
-      &delta_serialize);
-  m.def(
-      "anchor_serialize(str[] names, str[] dtypes, int[] ranks, int[] dims, Tensor[] tensors, int version, int part, "
-      "int parts, int[] digests) -> Tensor",
-      &anchor_serialize);
-  m.def(
-      "delta_read(Tensor data, str label, str[] names, str[] dtypes, int[] ranks, int[] dims, Tensor[]? base) -> "
-      "(str format, bool relative, int version, int base_version, str[] changed, Tensor indices, Tensor values, Tensor counts, "
-      "bool has_digests, str[] digest_names, int[] base_digests, int[] result_digests)",
-      &delta_read);
-  m.def(
-      "delta_merge(str[] names, str[] dtypes, int[] ranks, int[] dims, Tensor older_indices, Tensor older_values, "
-      "Tensor older_base_values, Tensor older_counts, Tensor newer_indices, Tensor newer_values, "
-      "Tensor newer_base_values, Tensor newer_counts) -> (Tensor indices, Tensor values, Tensor base_values, Tensor counts)",
-      &delta_merge);
-  m.def("compact_rebase(Tensor unbased, Tensor base_bits, Tensor counts, int[] widths) -> Tensor", &compact_rebase);
-  m.def("anchor_read_digests(Tensor data, str label) -> (int version, bool has_digests, str[] names, int[] digests)",
-        &anchor_read_digests);
+void bind_files(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("delta_serialize", &delta_serialize, py::arg("format"), py::arg("names"), py::arg("dtypes"), py::arg("ranks"),
+        py::arg("dims"), py::arg("indices"), py::arg("values"), py::arg("base_values"), py::arg("counts"), py::arg("version"),
+        py::arg("base_version"), py::arg("base_digests"), py::arg("result_digests"),
+        "An encode's host-staged output as delta bytes (uint8 tensor) in `format`, with versions and digests.");
+  m.def("anchor_serialize", &anchor_serialize, py::arg("names"), py::arg("dtypes"), py::arg("ranks"), py::arg("dims"),
+        py::arg("tensors"), py::arg("version"), py::arg("part"), py::arg("parts"), py::arg("digests"),
+        "One anchor part's bytes (uint8 tensor).");
+  m.def("delta_read", &delta_read, py::arg("data"), py::arg("label"), py::arg("names"), py::arg("dtypes"), py::arg("ranks"),
+        py::arg("dims"), py::arg("base") = py::none(),
+        "(format, relative, version, base_version, changed, indices, values, counts, has_digests, digest_names, "
+        "base_digests, result_digests) of any delta resolved against the model.");
+  m.def("delta_merge", &delta_merge, "Two consecutive staged deltas as one (C++ merge_deltas).");
+  m.def("compact_rebase", &compact_rebase, py::arg("unbased"), py::arg("base_bits"), py::arg("counts"), py::arg("widths"),
+        "Second phase of a relative compact read: the new bits from unbased values and base bits.");
+  m.def("anchor_read_digests", &anchor_read_digests, py::arg("data"), py::arg("label"),
+        "(version, has_digests, names, digests) of an anchor part.");
 }
 
 }  // namespace deltasync::torch_ext
