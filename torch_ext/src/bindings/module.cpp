@@ -11,5 +11,6 @@ PYBIND11_MODULE(_deltasync_ops, m) {
   deltasync::torch_ext::bind_store_watcher(m);
   deltasync::torch_ext::bind_dtypes(m);
   deltasync::torch_ext::bind_files(m);
+  deltasync::torch_ext::bind_numbers(m);
   m.def("cuda_available", &deltasync::engine::cuda_available, "True when the CUDA engine is built and a device can be used.");
 }

@@ -14,5 +14,6 @@ void bind_mapped_receiver(pybind11::module_& m);
 void bind_store_watcher(pybind11::module_& m);
 void bind_dtypes(pybind11::module_& m);
 void bind_files(pybind11::module_& m);
+void bind_numbers(pybind11::module_& m);
 
 }  // namespace deltasync::torch_ext

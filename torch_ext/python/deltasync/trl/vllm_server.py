@@ -19,6 +19,8 @@ import json
 import urllib.error
 import urllib.request
 
+from .._library import native
+
 
 class VLLMServerError(RuntimeError):
     """A route of the vLLM server answered with an error (or not at all)."""
@@ -88,7 +90,8 @@ class VLLMServerEngine:
     def weight_version(self) -> int | None:
         """The version the server reports (GET /weight_info); None before the first update."""
         value = self.get("/weight_info").get("weight_version")
-        return int(value) if isinstance(value, str) and value.lstrip("-").isdigit() else None
+        # Not a version ("broken" after a torn anchor, none yet): None. The C++ number rule.
+        return native().try_parse_decimal(value) if isinstance(value, str) else None
 
     def is_paused(self) -> bool:
         return bool(self.get("/is_paused").get("is_paused"))

@@ -55,10 +55,10 @@ def parse_version(value) -> int | None:
         return None
     if isinstance(value, bool):
         raise ValueError(f"deltasync: version {value!r}: give an integer or {NEWEST!r}")
-    if isinstance(value, int):
+    if isinstance(value, int) and value >= 0:
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
+    if isinstance(value, str) and (parsed := native().try_parse_decimal(value)) is not None:
+        return parsed  # the C++ number rule: digits only (no sign, no spaces)
     raise ValueError(f"deltasync: version {value!r}: give an integer or {NEWEST!r}")
 
 
