@@ -3,7 +3,18 @@
 
 VENV=${VENV:-$ROOT/.venv}
 DEBIAN_PACKAGES=(cmake ninja-build g++ pkg-config git nlohmann-json3-dev libgtest-dev libzstd-dev
-                 libcurl4-openssl-dev libssl-dev libexpat1-dev zstd curl)
+                 libcurl4-openssl-dev libssl-dev libexpat1-dev zstd curl ccache)
+
+# Every build (CMake's, scikit-build's for the Python package, the fuzzers' and sanitizers')
+# compiles through ccache: a checkout rebuilt on a machine that built the same sources before
+# (CI's fresh clone, a second worktree) takes the objects from its cache. CMake reads these on a
+# build folder's first configure. base_dir "/" keeps the cache keys free of the checkout's path.
+if command -v ccache >/dev/null 2>&1; then
+  export CMAKE_C_COMPILER_LAUNCHER=${CMAKE_C_COMPILER_LAUNCHER:-ccache}
+  export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}
+  export CMAKE_CUDA_COMPILER_LAUNCHER=${CMAKE_CUDA_COMPILER_LAUNCHER:-ccache}
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-/} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+fi
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
