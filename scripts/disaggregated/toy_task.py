@@ -90,3 +90,10 @@ def chat_reward(completions, completion_ids, **kwargs):
     decoded text has no spaces between words)."""
     a = CHAT_VOCAB.index("a")
     return [sum(t == a for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+
+def token_parity_reward(completions, completion_ids, **kwargs):
+    """The share of even token IDs in each completion: a reward a random-init model with a large
+    vocabulary already varies on (it almost never samples the tokenizer's few words, so
+    chat_reward would be 0 for every completion, every advantage 0 and no weight would move)."""
+    return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]

@@ -51,7 +51,8 @@ def test_async_grpo_with_a_following_server(tmp_path, server, monkeypatch):
                            vllm_server_base_url=url, logging_steps=1, disable_tqdm=True, seed=0)
     store = f"file://{tmp_path / 'bucket'}"
     trainer = DeltaSyncAsyncGRPOTrainer(model=str(base), args=args, reward_funcs=toy_task.chat_reward,
-                                        train_dataset=toy_task.chat_prompts(), processing_class=toy_task.load_tokenizer(base),
+                                        train_dataset=toy_task.chat_prompts(),
+                                        processing_class=toy_task.load_tokenizer(base),
                                         deltasync_store=store, follow_poll_seconds=0.2)
     trainer.train()
     assert not driven, driven
