@@ -27,7 +27,7 @@ def free_port() -> int:
 
 
 def start(python: str, model: Path, port: int, log: Path, env: dict | None = None, site: str | None = None,
-          max_model_len: int = 256) -> subprocess.Popen:
+          max_model_len: int = 256, extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
     """Starts the server (its own process group, output in `log`); returns at once. `site`: the
     folder holding this checkout's deltasync for the vLLM environment (scripts/lib/vllm_env.sh's
     VLLM_SITE), when it is not on PYTHONPATH already."""
@@ -40,7 +40,7 @@ def start(python: str, model: Path, port: int, log: Path, env: dict | None = Non
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
            "--port", str(port), "--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--max-num-seqs", "4",
            "--enforce-eager", "--seed", "0", "--weight-transfer-config", '{"backend": "deltasync"}',
-           "--worker-extension-cls", AUDIT_EXTENSION]
+           "--worker-extension-cls", AUDIT_EXTENSION, *extra_args]
     if not (Path(model) / "tokenizer.json").exists():
         cmd.append("--skip-tokenizer-init")  # a checkpoint without a tokenizer: token-id prompts only
     return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -53,3 +53,47 @@ def load_tokenizer(path):
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+# ---- the conversational twin, for TRL's AsyncGRPOTrainer (its rollout worker renders messages) ----
+
+CHAT_MARKERS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+CHAT_VOCAB = trl_tiny.SPECIALS + CHAT_MARKERS + trl_tiny.WORDS + ["user", "assistant"]
+
+
+def make_chat_tokenizer():
+    """The word-level tokenizer with Qwen3's chat template (as TRL ships it, so TRL knows how to
+    parse its responses) and the template's words and markers in the vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import qwen3_chat_template
+
+    vocab = {tok: i for i, tok in enumerate(CHAT_VOCAB)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<|im_end|>",
+                                        unk_token="<unk>", additional_special_tokens=CHAT_MARKERS)
+    tokenizer.chat_template = qwen3_chat_template
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def chat_prompts(n: int = 64):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"say the letter {trl_tiny.WORDS[i % 4]}"}]
+                                         for i in range(n)]})
+
+
+def chat_reward(completions, completion_ids, **kwargs):
+    """The share of "a" among each completion's tokens (the token IDs: the word-level tokenizer's
+    decoded text has no spaces between words)."""
+    a = CHAT_VOCAB.index("a")
+    return [sum(t == a for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+
+def token_parity_reward(completions, completion_ids, **kwargs):
+    """The share of even token IDs in each completion: a reward a random-init model with a large
+    vocabulary already varies on (it almost never samples the tokenizer's few words, so
+    chat_reward would be 0 for every completion, every advantage 0 and no weight would move)."""
+    return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]

@@ -9,6 +9,9 @@
 - DeltaSyncGRPOTrainer(..., deltasync_store=URL): GRPOTrainer with `use_vllm=True,
   vllm_mode="server"`, generating through a stock `vllm serve` (/v1/completions) and syncing
   through the store instead of NCCL (vllm_generation.py).
+- DeltaSyncAsyncGRPOTrainer(..., deltasync_store=URL): AsyncGRPOTrainer with a `vllm serve`
+  following the store on its own time, rollouts tagged with the version that generated them,
+  and a CPU twin of TRL's FlashAttention-3 tree attention (async_grpo.py).
 - engines: SubscriberEngine (a PyTorch model in this process following the store),
   VLLMServerEngine (a `vllm serve` process with the deltasync weight-transfer backend, through its
   HTTP routes); anything with pause(), update(version), resume(), close() (InferenceEngine) can be
@@ -21,8 +24,8 @@ from .sync import DeltaSync, SyncReport, WeightSyncReport
 from .vllm_server import VLLMServerEngine, VLLMServerError
 from .weight_transfer import DeltaWeightTransfer
 
-__all__ = ["DeltaSync", "DeltaSyncCallback", "DeltaSyncGRPOTrainer", "DeltaWeightTransfer", "InferenceEngine", "SubscriberEngine",
-           "SyncReport", "VLLMServerEngine", "VLLMServerError", "WeightSyncReport"]
+__all__ = ["DeltaSync", "DeltaSyncAsyncGRPOTrainer", "DeltaSyncCallback", "DeltaSyncGRPOTrainer", "DeltaWeightTransfer",
+           "InferenceEngine", "SubscriberEngine", "SyncReport", "VLLMServerEngine", "VLLMServerError", "WeightSyncReport"]
 
 
 def __getattr__(name):
@@ -35,4 +38,8 @@ def __getattr__(name):
         from .vllm_generation import _grpo_trainer_class
 
         return _grpo_trainer_class()
+    if name == "DeltaSyncAsyncGRPOTrainer":  # subclasses trl's AsyncGRPOTrainer: trl imported only when used
+        from .async_grpo import _async_trainer_class
+
+        return _async_trainer_class()
     raise AttributeError(f"module 'deltasync.trl' has no attribute {name!r}")

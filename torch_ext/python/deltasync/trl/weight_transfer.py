@@ -13,22 +13,32 @@ Store versions are the trainer's policy versions (`model_version`, which the rol
 samples with): the cold sync at train begin publishes version 1, an anchor.
 
 Without an engine the versions are only published; receivers then follow the store on their
-own (deltasync pull --follow, DeltaSubscriber.update())."""
+own (deltasync pull --follow, DeltaSubscriber.update()). With `follower` (a VLLMServerEngine) the
+first version is published and made visible, then the server is put in follow mode
+(VLLMServerEngine.follow): from then on the trainer's sync is the delta's staging only (the
+upload runs in the background, the server picks each version up between its engine steps), and
+pause()/resume() touch nothing."""
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import torch
 
 from .engine import InferenceEngine
 from .sync import DeltaSync, WeightSyncReport
+from .vllm_server import VLLMServerEngine
 
 
 class DeltaWeightTransfer:
-    def __init__(self, store, engine: InferenceEngine | None = None, **publisher_options):
+    def __init__(self, store, engine: InferenceEngine | None = None, follower: VLLMServerEngine | None = None,
+                 follow_poll_seconds: float = 1.0, **publisher_options):
         """`publisher_options` go to deltasync.DeltaPublisher (anchor_every, format, low_memory, ...)."""
+        if engine is not None and follower is not None:
+            raise ValueError("deltasync.trl.DeltaWeightTransfer: give an engine to drive or a follower, not both")
         # AsyncGRPOTrainer counts the policy it announces after a sync from 1.
         self.sync = DeltaSync(store, engine, first_version=1, **publisher_options)
+        self.follower, self.follow_poll_seconds = follower, follow_poll_seconds
 
     @property
     def reports(self) -> list[WeightSyncReport]:
@@ -43,7 +53,20 @@ class DeltaWeightTransfer:
         pass
 
     def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
-        self.sync.publish(iterator, resume=False)
+        if self.follower is None or self.follower.connected:
+            self.sync.publish(iterator, resume=False)
+            return
+        # Following starts from a version the store holds (its set-up reads the anchor's headers);
+        # the cold sync returns once the server serves it, so no rollout comes from weights of
+        # its own loading, which carry no deltasync version.
+        version = self.sync.publish(iterator, wait=True).version
+        self.follower.follow(poll_seconds=self.follow_poll_seconds)
+        deadline = time.monotonic() + self.follower.timeout
+        while self.follower.weight_version() != version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"deltasync.trl.DeltaWeightTransfer: {self.follower.url} does not serve version "
+                                   f"{version} {self.follower.timeout:.0f} s after following {self.follower.store}")
+            time.sleep(self.follow_poll_seconds / 2)
 
     def resume(self) -> None:
         self.sync.resume_engine()
