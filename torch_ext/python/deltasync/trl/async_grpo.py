@@ -28,7 +28,7 @@ import inspect
 
 import torch
 
-from .sync import SyncReport
+from .sync import WeightSyncReport
 from .vllm_server import VLLMServerEngine
 from .weight_transfer import DeltaWeightTransfer
 
@@ -152,7 +152,7 @@ def _async_trainer_class():
                 self.consumed = self.rollout_queue = _ConsumedLog(self.rollout_queue, self)
 
         @property
-        def reports(self) -> list[SyncReport]:
+        def reports(self) -> list[WeightSyncReport]:
             # Upload figures filled in once TRL's train() has ended (it destroys the transfer: close, flush).
             return self.weight_transfer.reports if self.weight_transfer is not None else []
 
