@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/cpu_engine.hpp"
@@ -413,4 +416,213 @@ TEST(IntegrityApply, OnePolicyOverAnyTransaction) {
   EXPECT_EQ(tx.writes, 2);
   EXPECT_EQ(tx.undos, 1);
   EXPECT_EQ(current, before);
+}
+
+namespace {
+
+// An all-reduce (sum mod 2^64) between two threads standing in for two tensor-parallel ranks.
+class TwoRankSum {
+ public:
+  void all_reduce(std::span<uint64_t> v) {
+    std::unique_lock lock(mutex_);
+    if (arrived_ == 0) sum_.assign(v.size(), 0);
+    for (size_t i = 0; i < v.size(); ++i) sum_[i] += v[i];
+    if (++arrived_ == 2) {
+      done_ = true;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return done_; });
+    }
+    std::copy(sum_.begin(), sum_.end(), v.begin());
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<uint64_t> sum_;
+  int arrived_ = 0;
+  bool done_ = false;
+};
+
+// One rank of two: holds every element (a replicated model), owns half of each tensor's
+// elements for digests (rank 0 the first half, rank 1 the rest), so its shifts are partials
+// that agree() sums with the other rank's, refusals in one slot more.
+class RankTransaction final : public in::PatchTransaction {
+ public:
+  RankTransaction(int rank, TwoRankSum& sum) : rank_(rank), sum_(sum) {}
+  int agreements = 0, undos = 0;
+
+  void write(std::span<const ds::TensorRef> targets, std::span<const ds::PatchRef> patches,
+             std::span<uint64_t> shifts) override {
+    saved_.clear();
+    for (const auto& t : targets) {
+      const auto* bytes = static_cast<const uint8_t*>(t.data);
+      saved_.emplace_back(bytes, bytes + t.numel * t.width);
+    }
+    ds::cpu::apply(targets, patches);
+    for (size_t t = 0; t < targets.size(); ++t) {
+      const uint64_t half = targets[t].numel / 2, first = rank_ == 0 ? 0 : half;
+      const uint64_t count = rank_ == 0 ? half : targets[t].numel - half;
+      const uint32_t w = targets[t].width;
+      shifts[t] = ds::digest_slice(w, static_cast<const uint8_t*>(targets[t].data) + first * w, first, count) -
+                  ds::digest_slice(w, saved_[t].data() + first * w, first, count);
+    }
+  }
+  void undo(std::span<const ds::TensorRef> targets) override {
+    ++undos;
+    for (size_t t = 0; t < targets.size(); ++t) std::memcpy(targets[t].data, saved_[t].data(), saved_[t].size());
+  }
+  uint64_t agree(std::span<uint64_t> shifts, bool refuse) override {
+    ++agreements;
+    std::vector<uint64_t> slots(shifts.begin(), shifts.end());
+    slots.push_back(refuse ? 1 : 0);
+    sum_.all_reduce(slots);
+    std::copy(slots.begin(), slots.end() - 1, shifts.begin());
+    return slots.back();
+  }
+
+ private:
+  int rank_;
+  TwoRankSum& sum_;
+  std::vector<std::vector<uint8_t>> saved_;
+};
+
+struct RankOutcome {
+  std::vector<std::vector<uint8_t>> weights;
+  std::vector<uint64_t> current;
+  std::string error;
+  int agreements = 0, undos = 0;
+};
+
+// Both ranks apply the fixture's delta at once; `bad_base_rank` (if 0 or 1) holds other weights
+// than the delta's base in one element of "embed".
+std::vector<RankOutcome> apply_on_two_ranks(const Fixture& f, const in::DeltaDigests& expected, int bad_base_rank) {
+  TwoRankSum sum;
+  std::vector<RankOutcome> out(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.emplace_back([&, rank] {
+      RankOutcome& o = out[rank];
+      o.weights = f.base;
+      if (rank == bad_base_rank) o.weights[0][10] ^= 1;
+      o.current = ds::digest_tensors(f.refs(o.weights));
+      auto targets = f.targets(o.weights);
+      const auto patches = f.patches();
+      RankTransaction tx(rank, sum);
+      try {
+        in::apply_verified(targets, patches, expected, o.current, 7, tx);
+      } catch (const ds::Error& e) {
+        o.error = e.what();
+      }
+      o.agreements = tx.agreements;
+      o.undos = tx.undos;
+    });
+  for (auto& r : ranks) r.join();
+  return out;
+}
+
+}  // namespace
+
+TEST(IntegrityApply, TwoRanksSumTheirShiftsAndApply) {
+  Fixture f;
+  const auto out = apply_on_two_ranks(f, f.digests(), -1);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(out[rank].error, "") << rank;
+    EXPECT_EQ(out[rank].weights, f.next) << rank;
+    // Each rank's digests are the whole tensors' (the two halves summed), not its partials.
+    EXPECT_EQ(out[rank].current, ds::digest_tensors(f.refs(f.next))) << rank;
+    EXPECT_EQ(out[rank].agreements, 1) << rank;
+    EXPECT_EQ(out[rank].undos, 0) << rank;
+  }
+}
+
+TEST(IntegrityApply, ARankThatRefusesBeforeWritingRollsBackTheOther) {
+  // Rank 1 holds another base: it refuses in check_before_apply, writes nothing, and still takes
+  // part in the one agreement; rank 0, which wrote, hears of the refusal and undoes its write.
+  Fixture f;
+  const auto expected = f.digests();
+  const auto out = apply_on_two_ranks(f, expected, 1);
+  EXPECT_EQ(out[0].error, "delta 8: refused by 1 other rank(s); weights restored to their state before the delta");
+  EXPECT_EQ(out[0].weights, f.base);
+  EXPECT_EQ(out[0].current, ds::digest_tensors(f.refs(f.base)));
+  EXPECT_EQ(out[0].undos, 1);
+  EXPECT_NE(out[1].error.find("delta 8 expects base version 7 digest"), std::string::npos) << out[1].error;
+  auto bad = f.base;
+  bad[0][10] ^= 1;
+  EXPECT_EQ(out[1].weights, bad);
+  EXPECT_EQ(out[1].undos, 0);
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(out[rank].agreements, 1) << rank;
+}
+
+TEST(IntegrityApply, AResultMismatchAcrossTheRanksRollsBackBoth) {
+  // Neither rank alone can see the mismatch (each holds a partial); the summed shifts miss the
+  // promise on both, so both undo.
+  Fixture f;
+  auto expected = f.digests();
+  expected.result["embed"] += 1;
+  const auto out = apply_on_two_ranks(f, expected, -1);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(out[rank].error.find("result digest mismatch for tensor embed"), std::string::npos) << out[rank].error;
+    EXPECT_EQ(out[rank].weights, f.base) << rank;
+    EXPECT_EQ(out[rank].undos, 1) << rank;
+    EXPECT_EQ(out[rank].agreements, 1) << rank;
+  }
+}
+
+TEST(IntegrityApply, ATargetTheTransactionDoesNotHoldTakesThePromisedResult) {
+  Fixture f;
+  const auto expected = f.digests();
+  auto weights = f.base;
+  auto targets = f.targets(weights);
+  const auto patches = f.patches();
+  const std::vector<uint64_t> before = ds::digest_tensors(f.refs(f.base));
+  const std::vector<uint64_t> after = ds::digest_tensors(f.refs(f.next));
+  struct Unheld final : in::PatchTransaction {
+    void write(std::span<const ds::TensorRef>, std::span<const ds::PatchRef>, std::span<uint64_t> shifts) override {
+      shifts[0] = shift0;  // "mlp" (2) is held nowhere: no shift for it
+    }
+    void undo(std::span<const ds::TensorRef>) override {}
+    bool holds(size_t target) const override { return target != 2; }
+    uint64_t shift0 = 0;
+  } tx;
+  tx.shift0 = after[0] - before[0];
+  std::vector<uint64_t> current = before;
+  in::apply_verified(targets, patches, expected, current, 7, tx);
+  EXPECT_EQ(current[0], after[0]);
+  EXPECT_EQ(current[2], expected.result.at("mlp"));
+}
+
+TEST(IntegrityApply, ARefusalOfUnresolvableInputStillTakesPartInTheAgreement) {
+  Fixture f;
+  TwoRankSum sum;
+  const auto expected = f.digests();
+  std::string errors[2];
+  int agreements[2] = {0, 0};
+  std::vector<std::vector<uint8_t>> weights0 = f.base;
+  std::thread rank1([&] {
+    RankTransaction tx(1, sum);
+    try {
+      in::refuse_apply(f.metas.size(), std::make_exception_ptr(ds::BadInputError("delta.safetensors: unreadable")), tx);
+    } catch (const ds::Error& e) {
+      errors[1] = e.what();
+    }
+    agreements[1] = tx.agreements;
+  });
+  {
+    RankTransaction tx(0, sum);
+    auto targets = f.targets(weights0);
+    std::vector<uint64_t> current = ds::digest_tensors(f.refs(f.base));
+    try {
+      in::apply_verified(targets, f.patches(), expected, current, 7, tx);
+    } catch (const ds::Error& e) {
+      errors[0] = e.what();
+    }
+    agreements[0] = tx.agreements;
+  }
+  rank1.join();
+  EXPECT_EQ(errors[1], "delta.safetensors: unreadable");
+  EXPECT_NE(errors[0].find("refused by 1 other rank(s)"), std::string::npos) << errors[0];
+  EXPECT_EQ(weights0, f.base);
+  EXPECT_EQ(agreements[0], 1);
+  EXPECT_EQ(agreements[1], 1);
 }

@@ -304,7 +304,7 @@ void check_before_apply(std::span<const TensorRef> targets, std::span<const Patc
       throw Error(delta + ": target tensor " + std::string(targets[t].name) + " appears twice");
   for (size_t t = 0; t < targets.size(); ++t)
     if (patches[t].count > 0 && (!expected.base.contains(targets[t].name) || !expected.result.contains(targets[t].name)))
-      throw Error(delta + " changes tensor " + std::string(targets[t].name) + " but records no base/result digest for it");
+      throw BadInputError(delta + " changes tensor " + std::string(targets[t].name) + " but records no base/result digest for it");
   for (const auto& [name, digest] : expected.result)
     if (!expected.base.contains(name)) throw Error(delta + " records a result digest but no base digest for tensor " + name);
   check_base(expected, current_version, [&](std::string_view name) -> std::optional<uint64_t> {
@@ -319,21 +319,48 @@ ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const P
                            std::optional<uint64_t> current_version, PatchTransaction& transaction) {
   // 1. The delta's digests name exactly the tensors it changes, and the base is ours: nothing
   //    is written for a delta made for another base.
-  check_before_apply(targets, patches, expected, current_digests, current_version);
   // 2. Validate + scatter + shifts (throws with nothing written for an invalid patch).
+  //    A failure in either is this rank's refusal in the agreement below, not an early exit:
+  //    the other ranks are waiting in it.
   std::vector<uint64_t> shifts(targets.size(), 0);
-  transaction.write(targets, patches, shifts);
-  // 3. Result digests in O(changed), compared with the promises; from here on every failure
-  //    puts the saved bits back before it propagates.
+  std::exception_ptr failure;
+  bool written = false;
   try {
+    check_before_apply(targets, patches, expected, current_digests, current_version);
+    transaction.write(targets, patches, shifts);
+    written = true;
+  } catch (...) {
+    failure = std::current_exception();
+    std::fill(shifts.begin(), shifts.end(), 0);
+  }
+  // 3. Every rank's verdict and shifts; from here on every failure puts the saved bits back
+  //    before it propagates.
+  uint64_t refusals = 0;
+  try {
+    refusals = transaction.agree(shifts, failure != nullptr);
+  } catch (...) {
+    if (written) transaction.undo(targets);
+    throw;
+  }
+  if (failure) std::rethrow_exception(failure);  // nothing was written
+  // 4. Result digests in O(changed), compared with the promises.
+  try {
+    if (refusals != 0)
+      throw Error("delta " + std::to_string(expected.model_version) + ": refused by " + std::to_string(refusals) +
+                      " other rank(s)",
+                  ErrorKind::kIntegrity);
     std::vector<uint64_t> result(current_digests.begin(), current_digests.end());
     ApplyReport report;
     DigestMap actual;
     for (size_t t = 0; t < targets.size(); ++t) {
-      result[t] += shifts[t];
+      const auto promise = expected.result.find(targets[t].name);
+      if (transaction.holds(t))
+        result[t] += shifts[t];
+      else if (promise != expected.result.end())
+        result[t] = promise->second;
       report.tensors_changed += patches[t].count > 0;
       report.elements_changed += patches[t].count;
-      if (expected.result.contains(targets[t].name)) actual.emplace(std::string(targets[t].name), result[t]);
+      if (promise != expected.result.end()) actual.emplace(std::string(targets[t].name), result[t]);
     }
     check_result(expected, actual);
     std::copy(result.begin(), result.end(), current_digests.begin());
@@ -345,6 +372,12 @@ ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const P
     transaction.undo(targets);
     throw;
   }
+}
+
+void refuse_apply(size_t targets, std::exception_ptr failure, PatchTransaction& transaction) {
+  std::vector<uint64_t> shifts(targets, 0);
+  transaction.agree(shifts, true);
+  std::rethrow_exception(failure);
 }
 
 ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,

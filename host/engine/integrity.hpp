@@ -12,6 +12,7 @@
 // model_version; both appear in the refusal message of check_base.
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <optional>
@@ -100,7 +101,8 @@ void check_base(const DeltaDigests& expected, std::optional<uint64_t> current_ve
 void check_result(const DeltaDigests& expected, const DigestMap& actual);
 
 // The checks of a verified apply that need no tensor data: one patch and one current digest per
-// target, unique target names, a base and a result digest for every tensor the delta changes,
+// target, unique target names, a base and a result digest for every tensor the delta changes
+// (else BadInputError("delta N changes tensor NAME but records no base/result digest for it")),
 // then check_base. Patch positions are not looked at (the transaction's write() does that).
 void check_before_apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                         const DeltaDigests& expected, std::span<const uint64_t> current_digests,
@@ -112,17 +114,35 @@ struct ApplyReport {
 };
 
 // The mechanics of a verified apply where the targets live (host tensors: apply_verified below;
-// device tensors: engine::CudaPatchTransaction over kernels/); the policy is apply_verified's.
+// device tensors: engine::CudaPatchTransaction over kernels/; an inference engine's runtime
+// parameters, sharded across ranks: MappedReceiver's); the policy is apply_verified's.
 class PatchTransaction {
  public:
   virtual ~PatchTransaction() = default;
   // Validates every patch and writes them all, keeping the bits each write replaces, and sets
-  // shifts[t] = digest(after) - digest(before) of targets[t] (mod 2^64), in O(changed). An
+  // shifts[t] = digest(after) - digest(before) of targets[t] (mod 2^64), in O(changed) -- of
+  // this rank's share of the target where the ranks share it (agree() sums the shares). An
   // invalid patch throws Error naming the tensor with nothing written.
   virtual void write(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                      std::span<uint64_t> shifts) = 0;
   // Puts back every bit the last write() replaced.
   virtual void undo(std::span<const TensorRef> targets) = 0;
+  // The agreement of the ranks that apply one delta together. apply_verified calls it exactly
+  // once per apply, after write() or after a failure on this rank before or during it (then
+  // `refuse` is true and the shifts are 0), so no rank is left waiting for another. It sums
+  // every rank's shifts in place (mod 2^64) and returns how many ranks refused, this one
+  // included; every rank sees the same sums and count, so every rank decides alike. One rank:
+  // the identity.
+  virtual uint64_t agree(std::span<uint64_t> shifts, bool refuse) {
+    (void)shifts;
+    return refuse ? 1 : 0;
+  }
+  // False for a target whose bits are held nowhere (an engine's loader dropped it, as vLLM drops
+  // a tied lm_head): it has no digest to compute, so it takes the delta's promised result.
+  virtual bool holds(size_t target) const {
+    (void)target;
+    return true;
+  }
 };
 
 // The one transactional verified apply. patches[t] patches targets[t] (count 0 where
@@ -130,12 +150,18 @@ class PatchTransaction {
 // least of the changed ones; the others are neither read nor written).
 // Order: check versions, base digests and that the delta's digests name exactly the tensors it
 // changes (check_before_apply); validate + scatter + shifts (transaction.write); result digests
-// = current + shifts, compared (check_result). Any failure before the write throws with nothing
-// written; any failure after it (a result mismatch, anything else) undoes the write -- the
-// targets are then bit-for-bit as before -- and throws. On success current_digests is updated.
+// = current + shifts summed across the ranks (transaction.agree), compared (check_result). Any
+// failure before the write throws with nothing written; any failure after it (another rank's
+// refusal: Error("delta N: refused by R other rank(s); weights restored ..."), a result
+// mismatch, anything else) undoes the write -- the targets are then bit-for-bit as before --
+// and throws. On success current_digests is updated.
 ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                            const DeltaDigests& expected, std::span<uint64_t> current_digests,
                            std::optional<uint64_t> current_version, PatchTransaction& transaction);
+// This rank's refusal of an apply whose inputs it could not make (a delta file it could not
+// read or resolve): takes part in the agreement the other ranks hold for it (transaction.agree
+// over `targets` zero shifts, refusing), then rethrows `failure`.
+[[noreturn]] void refuse_apply(size_t targets, std::exception_ptr failure, PatchTransaction& transaction);
 // Host tensors: the CPU transaction (validate, one scatter pass saving the old bits, O(changed)
 // memory).
 ApplyReport apply_verified(std::span<const TensorRef> targets, std::span<const PatchRef> patches,

@@ -9,6 +9,7 @@
 #include "codec/compact_two_phase.hpp"
 #include "codec/digest.hpp"
 #include "core/error.hpp"
+#include "engine/cpu_engine.hpp"
 #include "format/delta_file.hpp"
 
 namespace deltasync {
@@ -29,6 +30,18 @@ class Laps {
   Clock::time_point last_ = Clock::now();
 };
 
+// The ranks' agreement on one step (an anchor's or a delta's): per-tensor partials in T slots
+// and refusals in one more, summed across the ranks in place (one rank: the identity). Returns
+// how many ranks refused, this one included when `refuse`.
+uint64_t agree_across_ranks(const CombinePartials& combine, std::span<uint64_t> partial, bool refuse) {
+  std::vector<uint64_t> slots(partial.size() + 1, 0);
+  if (!refuse) std::copy(partial.begin(), partial.end(), slots.begin());
+  slots.back() = refuse ? 1 : 0;
+  if (combine) combine(slots);
+  std::copy(slots.begin(), slots.end() - 1, partial.begin());
+  return slots.back();
+}
+
 }  // namespace
 
 // A delta resolved against the map: what to write where, the bits it replaces, and the rows'
@@ -37,7 +50,6 @@ class Laps {
 // old_rows, so a segment's new and old bits are contiguous there: the scatter reads them in
 // place. Kept between deltas (its buffers' memory is not faulted in again for every delta).
 struct MappedReceiver::Prepared {
-  integrity::DeltaDigests expected;
   std::vector<int64_t> row_index;       // per row: its HF flat index (ascending per tensor)
   std::vector<uint64_t> tensor_rows;    // first row of each HF tensor (T + 1)
   std::vector<uint64_t> tensor_bytes;   // first row byte of each HF tensor (T + 1)
@@ -153,9 +165,8 @@ void MappedReceiver::recompute_digests() {
 
 void MappedReceiver::abandon() {
   if (!combine_) return;
-  std::vector<uint64_t> partial(model_.hf.size() + 1, 0);
-  partial.back() = 1;
-  combine_(partial);
+  std::vector<uint64_t> partial(model_.hf.size(), 0);
+  agree_across_ranks(combine_, partial, true);
 }
 
 void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
@@ -165,7 +176,7 @@ void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<con
   Laps lap;
   // Agreement before any write, over the same T + 1 slots as a delta's: this rank's owned
   // digests of the anchor's host bytes, or its refusal in the last slot.
-  std::vector<uint64_t> partial(T + 1, 0);
+  std::vector<uint64_t> partial(T, 0);
   std::exception_ptr failure;
   try {
     if (meta.size() != T || bytes.size() != T || digests.size() != T)
@@ -191,14 +202,12 @@ void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<con
     }
   } catch (...) {
     failure = std::current_exception();
-    std::fill(partial.begin(), partial.end(), 0);
-    partial[T] = 1;
   }
-  if (combine_) combine_(partial);
+  const uint64_t refusals = agree_across_ranks(combine_, partial, failure != nullptr);
   lap.to(timings_.anchor_check);
-  if (partial[T] != 0) {
+  if (refusals != 0) {
     if (failure) std::rethrow_exception(failure);
-    throw Error(what + ": refused by " + std::to_string(partial[T]) + " other rank(s); nothing written", ErrorKind::kIntegrity);
+    throw Error(what + ": refused by " + std::to_string(refusals) + " other rank(s); nothing written", ErrorKind::kIntegrity);
   }
   // Every rank sees the same sums, so every rank refuses alike.
   for (size_t t = 0; t < T; ++t)
@@ -242,41 +251,40 @@ void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<con
   torn_ = false;
 }
 
-// Resolves the file, checks the base, maps every change onto the runtime parameters and
-// gathers the bits it replaces, into prepared_. Nothing is written.
-void MappedReceiver::prepare(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) {
+namespace {
+
+// The delta file's changes per HF tensor (positions ascending; for the compact layout values
+// relative to base bits that live in the runtime parameters: `relative`) and its promises.
+std::vector<PatchRef> resolve_changes(const engine::DeltaToApply& delta, std::span<const TensorMeta> hf,
+                                      compact::DecodedDelta& decoded, ParsedDelta& parsed, bool& relative,
+                                      integrity::DeltaDigests& expected) {
+  const st::File& file = *delta.file;
+  std::vector<PatchRef> patches;
+  DeltaInfo info;
+  relative = compact::is_compact_delta(file);
+  if (relative) {
+    // Decode positions and unbased values first; prepare() gathers the base where it is and rebases.
+    patches = compact::decode_compact_delta_unbased(file, hf, decoded);
+    info = decoded.info;
+  } else {
+    parsed = parse_trl_delta(file);
+    if (!parsed.sparse) throw BadInputError(file.label() + ": is an anchor (sparse=\"False\"), not a delta");
+    patches = resolve_patches(parsed, hf, file.label());
+    info = parsed.info;
+  }
+  expected = engine::delta_promises(delta, info);
+  return patches;
+}
+
+}  // namespace
+
+// Maps every change onto the runtime parameters and gathers the bits it replaces, into
+// prepared_. Nothing is written.
+void MappedReceiver::prepare(std::span<const PatchRef> patches, bool relative, engine::TransferCounters& transfer) {
   Laps lap;
   Prepared& p = *prepared_;
   const MappedModel& model = model_;
-  const st::File& file = *delta.file;
-  const std::string& label = file.label();
   const size_t T = model.hf.size();
-  std::vector<PatchRef> patches;
-  compact::DecodedDelta decoded;
-  ParsedDelta parsed;
-  bool relative = false;
-  DeltaInfo info;
-  if (compact::is_compact_delta(file)) {
-    // Values are relative to base bits that live in the runtime parameters: decode positions
-    // and unbased values first, gather the base where it is, rebase below.
-    patches = compact::decode_compact_delta_unbased(file, model.hf, decoded);
-    info = decoded.info;
-    relative = true;
-  } else {
-    parsed = parse_trl_delta(file);
-    if (!parsed.sparse) throw BadInputError(label + ": is an anchor (sparse=\"False\"), not a delta");
-    patches = resolve_patches(parsed, model.hf, label);
-    info = parsed.info;
-  }
-  p.expected = engine::delta_promises(delta, info);
-  integrity::DigestMap current;
-  if (digests_.size() == T)
-    for (size_t t = 0; t < T; ++t) current.emplace(model.hf[t].name, digests_[t]);
-  for (size_t t = 0; t < T; ++t)
-    if (patches[t].count && !(p.expected.base.contains(model.hf[t].name) && p.expected.result.contains(model.hf[t].name)))
-      throw BadInputError(label + ": delta " + std::to_string(p.expected.model_version) + " changes tensor " + model.hf[t].name +
-                          " but records no base/result digest for it");
-  integrity::check_base(p.expected, version_, current);
 
   // Rows: every change of every HF tensor, in tensor order.
   p.tensor_rows.assign(T + 1, 0);
@@ -379,7 +387,7 @@ void MappedReceiver::prepare(const engine::DeltaToApply& delta, engine::Transfer
 namespace {
 
 // Σ mix(i, new) − Σ mix(i, old) per HF tensor over the changed elements this rank owns.
-void owned_shifts(const MappedReceiver::Prepared& p, const MappedModel& model, std::vector<uint64_t>& partial) {
+void owned_shifts(const MappedReceiver::Prepared& p, const MappedModel& model, std::span<uint64_t> partial) {
   const size_t T = model.hf.size();
   std::vector<const OwnedRanges*> owned(T, nullptr);
   for (const OwnedRanges& o : model.owned) owned[o.hf_tensor] = &o;
@@ -436,62 +444,66 @@ void scatter_segments(const MappedReceiver::Prepared& p, const std::vector<uint8
 
 }  // namespace
 
+// The HF tensors are the targets (names and sizes; their bits live in the runtime parameters,
+// where the runs put them); write() maps, gathers and scatters the changes this rank holds and
+// returns the shifts of the elements it owns, which agree() sums across the ranks.
+class MappedReceiver::Transaction final : public integrity::PatchTransaction {
+ public:
+  Transaction(MappedReceiver& receiver, engine::TransferCounters& transfer) : r_(receiver), transfer_(transfer) {}
+  bool relative = false;  // compact layout: values rebased on the gathered bits
+
+  void write(std::span<const TensorRef> targets, std::span<const PatchRef> patches, std::span<uint64_t> shifts) override {
+    cpu::validate(targets, patches);  // positions in range and ascending: the map's binary searches need it
+    lap_.to(r_.timings_.parse);
+    r_.prepare(patches, relative, transfer_);
+    lap_ = Laps();
+    scatter_segments(*r_.prepared_, r_.prepared_->new_rows, r_.model_, r_.engine_, transfer_);
+    lap_.to(r_.timings_.scatter);
+    owned_shifts(*r_.prepared_, r_.model_, shifts);
+    lap_.to(r_.timings_.digest);
+  }
+  void undo(std::span<const TensorRef>) override {
+    scatter_segments(*r_.prepared_, r_.prepared_->old_rows, r_.model_, r_.engine_, transfer_);
+  }
+  uint64_t agree(std::span<uint64_t> shifts, bool refuse) override {
+    const uint64_t refusals = agree_across_ranks(r_.combine_, shifts, refuse);
+    lap_.to(r_.timings_.digest);
+    return refusals;
+  }
+  bool holds(size_t target) const override { return r_.served_[target]; }
+
+ private:
+  MappedReceiver& r_;
+  engine::TransferCounters& transfer_;
+  Laps lap_;
+};
+
 uint64_t MappedReceiver::apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) {
   const size_t T = model_.hf.size();
   if (digests_.size() != T) recompute_digests();
-  // Every rank takes part in exactly one combine per delta, failed or not, so a failure on one
-  // rank (reported in the last slot) can never leave the others waiting in the all-reduce.
-  std::vector<uint64_t> partial(T + 1, 0);
-  std::exception_ptr failure;
-  const Prepared& p = *prepared_;
-  bool written = false;
+  // Every rank takes part in exactly one agreement per delta, failed or not (apply_verified's
+  // contract; refuse_apply for a file this rank cannot resolve), so a failure on one rank can
+  // never leave the others waiting in the all-reduce.
+  Transaction transaction(*this, transfer);
+  compact::DecodedDelta decoded;
+  ParsedDelta parsed;
+  std::vector<PatchRef> patches;
+  integrity::DeltaDigests expected;
   try {
-    prepare(delta, transfer);
-    Laps lap;
-    scatter_segments(p, p.new_rows, model_, engine_, transfer);
-    written = true;
-    lap.to(timings_.scatter);
-    owned_shifts(p, model_, partial);
-    lap.to(timings_.digest);
+    patches = resolve_changes(delta, model_.hf, decoded, parsed, transaction.relative, expected);
   } catch (...) {
-    failure = std::current_exception();
-    std::fill(partial.begin(), partial.end(), 0);
-    partial[T] = 1;
+    integrity::refuse_apply(T, std::current_exception(), transaction);
   }
-  Laps lap;
-  auto roll_back = [&] {
-    if (written) scatter_segments(p, p.old_rows, model_, engine_, transfer);
-  };
+  std::vector<TensorRef> targets(T);
+  for (size_t t = 0; t < T; ++t)
+    targets[t] = TensorRef{model_.hf[t].name, nullptr, model_.hf[t].numel(), model_.hf[t].width()};
   try {
-    if (combine_) combine_(partial);
-  } catch (...) {
-    roll_back();
-    throw;
+    integrity::apply_verified(targets, patches, expected, digests_, version_, transaction);
+  } catch (const Error& e) {
+    throw Error(delta.file->label() + ": " + e.what(), e.kind());
   }
-  const std::string what = delta.file->label() + ": delta " + std::to_string(delta.model_version);
-  if (partial[T] != 0) {
-    roll_back();
-    if (failure) std::rethrow_exception(failure);
-    throw Error(what + ": refused by " + std::to_string(partial[T]) + " other rank(s); weights restored", ErrorKind::kIntegrity);
-  }
-  for (size_t t = 0; t < T; ++t) {
-    const auto it = p.expected.result.find(model_.hf[t].name);
-    if (it == p.expected.result.end()) continue;
-    const uint64_t got = digests_[t] + partial[t];
-    if (served_[t] && got != it->second) {
-      roll_back();
-      throw Error(what + " result digest mismatch for tensor " + model_.hf[t].name + ": expected " + digest_to_hex(it->second) +
-                      ", got " + digest_to_hex(got) + " across the ranks; weights restored to their state before the delta",
-                  ErrorKind::kIntegrity);
-    }
-  }
-  for (size_t t = 0; t < T; ++t) {
-    const auto it = p.expected.result.find(model_.hf[t].name);
-    if (it != p.expected.result.end()) digests_[t] = served_[t] ? digests_[t] + partial[t] : it->second;
-  }
-  lap.to(timings_.digest);
   version_ = delta.model_version;
-  return p.elements;
+  return prepared_->elements;
 }
 
 }  // namespace deltasync

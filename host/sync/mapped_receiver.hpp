@@ -11,7 +11,9 @@
 // elements, so each rank hashes the elements it *owns* -- the HF elements it holds, each
 // replicated element owned by exactly one rank -- and `combine` sums the partials across ranks
 // (an all-reduce; identity on one rank). Every rank sees the same combined result, so a
-// mismatch rolls back on every rank alike.
+// mismatch rolls back on every rank alike. A delta goes through the one verified apply,
+// integrity::apply_verified, with this receiver's transaction: write = map, gather, scatter,
+// owned shifts; agreement = combine; undo = the gathered bits scattered back.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -131,7 +133,9 @@ class MappedReceiver final : public Receiver {
   MappedTimings timings_;
   std::unique_ptr<Prepared> prepared_;  // reused from delta to delta
 
-  void prepare(const engine::DeltaToApply& delta, engine::TransferCounters& transfer);
+  class Transaction;  // apply()'s mechanics under integrity::apply_verified (mapped_receiver.cpp)
+
+  void prepare(std::span<const PatchRef> patches, bool relative, engine::TransferCounters& transfer);
   std::vector<bool> served_;                              // per HF tensor: false when in model_.unserved
   std::optional<uint64_t> version_;
   std::vector<uint64_t> digests_;
