@@ -94,7 +94,7 @@ def test_latest_is_a_hint_and_manifests_are_what_counts(store, root):
     assert sub.update() == 2 and bits_equal(trainer, follower)
     assert not sub.has_version(7)
     (root / "LATEST").write_text("two\n")
-    with pytest.raises(deltasync.errors.BadDeltaError, match=r"bucket/LATEST: malformed LATEST"):
+    with pytest.raises(deltasync.errors.BadDeltaError, match=r"bucket/LATEST: LATEST pointer 'two': not a decimal integer"):
         deltasync.DeltaSubscriber(make_model(1), store=store).poll()
 
 
