@@ -22,7 +22,6 @@ import json
 import os
 import queue
 import random
-import shutil
 import signal
 import subprocess
 import sys

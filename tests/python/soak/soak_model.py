@@ -8,6 +8,7 @@ the steps, and a trainer restarted from the store's weights at version L goes on
 one that was killed would have. Only torch is needed (it runs in both Python environments)."""
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 from pathlib import Path
@@ -16,6 +17,20 @@ import torch
 
 VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 250, 64, 96, 2, 4, 2, 32
 SHARE = 0.01  # of all elements changed per version
+
+
+def emit(**event) -> None:
+    """One event of a soak process, a JSON line on stdout for the driver (soak.py)."""
+    print(json.dumps(event), flush=True)
+
+
+def soak_arguments() -> argparse.ArgumentParser:
+    """The arguments every soak process takes: the store, the trainer's seed, the versions."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--versions", type=int, required=True)
+    return ap
 
 
 def config() -> dict:

@@ -4,8 +4,6 @@ become the shadow), then trains and publishes up to --versions. The proxy SIGKIL
 points of a publish; the orchestrator starts it again. One JSON line per event on stdout."""
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import sys
 import time
@@ -15,15 +13,8 @@ import deltasync
 import soak_model
 
 
-def emit(**event) -> None:
-    print(json.dumps(event), flush=True)
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--store", required=True)
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--versions", type=int, required=True)
+    ap = soak_model.soak_arguments()
     ap.add_argument("--anchor-every", type=int, default=20)
     ap.add_argument("--keep-anchors", type=int, default=3)
     ap.add_argument("--anchor-part-bytes", type=int, default=128 << 10)
@@ -40,7 +31,7 @@ def main() -> int:
     resumed = pub.resumed_version
     if resumed is not None:
         trainer.version = resumed  # the weights are the store's version `resumed`, written in by resume
-    emit(event="resumed", version=resumed, sha=trainer.sha256())
+    soak_model.emit(event="resumed", version=resumed, sha=trainer.sha256())
     start = 0 if resumed is None else resumed + 1
     failures = 0
     for v in range(start, args.versions + 1):
@@ -50,7 +41,7 @@ def main() -> int:
             pub.publish(v)
         except deltasync.errors.DeltaSyncError as e:  # an earlier upload's failure, reported once; v is staged
             failures += 1
-            emit(event="store_error", version=v, error=str(e).splitlines()[0])
+            soak_model.emit(event="store_error", version=v, error=str(e).splitlines()[0])
         # Mostly wait until visible; sometimes let the next step overlap the upload (merging).
         if v == args.versions or rng.random() < args.flush_share:
             while True:
@@ -59,13 +50,13 @@ def main() -> int:
                     break
                 except deltasync.errors.DeltaSyncError as e:  # retried by the next flush
                     failures += 1
-                    emit(event="store_error", version=v, error=str(e).splitlines()[0])
+                    soak_model.emit(event="store_error", version=v, error=str(e).splitlines()[0])
                     if failures > 1000:
                         raise
                     time.sleep(0.05)
-            emit(event="visible", version=pub.state()["last_version"])
+            soak_model.emit(event="visible", version=pub.state()["last_version"])
     pub.close()
-    emit(event="done", version=args.versions, failures=failures)
+    soak_model.emit(event="done", version=args.versions, failures=failures)
     return 0
 
 

@@ -3,8 +3,6 @@ following the store with random lags until it holds --versions. After every upda
 the version and the SHA-256 of its weights (the orchestrator compares it with the trainer's)."""
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import sys
 import time
@@ -16,21 +14,14 @@ import deltasync
 import soak_model
 
 
-def emit(**event) -> None:
-    print(json.dumps(event), flush=True)
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--store", required=True)
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--versions", type=int, required=True)
+    ap = soak_model.soak_arguments()
     ap.add_argument("--max-lag", type=float, default=0.5, help="seconds slept between updates: uniform in [0, this]")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tensors = {name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in soak_model.shapes()}
     sub = deltasync.DeltaSubscriber(tensors, store=args.store)
-    emit(event="started")
+    soak_model.emit(event="started")
     while True:
         time.sleep(rng.uniform(0, args.max_lag))
         try:
@@ -38,10 +29,10 @@ def main() -> int:
                 continue
             version = sub.update()
         except deltasync.errors.DeltaSyncError as e:
-            emit(event="error", error=str(e).splitlines()[0])
+            soak_model.emit(event="error", error=str(e).splitlines()[0])
             continue
         report = sub.last_report
-        emit(event="synced", version=version, sha=soak_model.sha256_of(tensors),
+        soak_model.emit(event="synced", version=version, sha=soak_model.sha256_of(tensors),
              recovered=bool(getattr(report, "recovered", False)))
         if version >= args.versions:
             return 0

@@ -5,8 +5,6 @@ what it serves: the version it reports, and vLLM's own loader on the trainer's w
 version (recomputed here by replaying the seeded steps) against every runtime parameter."""
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import sys
@@ -30,15 +28,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 import soak_model  # noqa: E402
 
 
-def emit(**event) -> None:
-    print(json.dumps(event), flush=True)
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--store", required=True)
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--versions", type=int, required=True)
+    ap = soak_model.soak_arguments()
     ap.add_argument("--max-lag", type=float, default=1.0)
     ap.add_argument("--check-every", type=float, default=20.0, help="mean seconds between weight checks")
     args = ap.parse_args()
@@ -56,7 +47,7 @@ def main() -> int:
     prompt = [{"prompt_token_ids": list(range(3, 11))}]
     with eng.engine(start, weight_transfer_config={"backend": "deltasync"}) as llm:
         llm.init_weight_transfer_engine({"init_info": {"store": args.store, "follow": True, "poll_seconds": 0.2}})
-        emit(event="started")
+        soak_model.emit(event="started")
         next_check = time.monotonic() + rng.expovariate(1 / args.check_every)
         while True:
             llm.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)  # the engine follows as it steps
@@ -79,9 +70,9 @@ def main() -> int:
 
                 try:
                     compared = sum(llm.collective_rpc(check))
-                    emit(event="checked", version=version, ok=True, elements=compared)
+                    soak_model.emit(event="checked", version=version, ok=True, elements=compared)
                 except Exception as e:  # noqa: BLE001  a mismatch is a divergence, reported, not fatal
-                    emit(event="checked", version=version, ok=False, error=str(e).splitlines()[0])
+                    soak_model.emit(event="checked", version=version, ok=False, error=str(e).splitlines()[0])
                 next_check = time.monotonic() + rng.expovariate(1 / args.check_every)
             if done:
                 return 0
