@@ -247,7 +247,7 @@ def test_anchor_failing_part_way_leaves_the_worker_torn_until_an_anchor_is_writt
         pub.publish(1, anchor=True)
         pub.flush()
         report = sub.update(1)
-    assert report["version"] == 1 and report["anchor"] == 1
+    assert report["to_version"] == 1 and report["anchor"] == 1
     assert sub.broken is None and not sub.mapped.torn and sub.version == 1
     assert_rank_matches(vs.StandinWorker(model), config, vs.TP(), hf_state(trainer))
 
