@@ -115,8 +115,10 @@ def test_follower_holds_a_torn_anchor_until_a_later_anchor(tmp_path):
             assert status["served"] is None and "injected failure" in status["broken"], status
             assert status["stalled"], status
 
-            llm.collective_rpc(_fail_anchor_writes, args=(None,))
+            # Version 1 is visible before the writes may succeed again: the follower's next try is
+            # the later anchor (a retry of version 0 that succeeded first would restore service too).
             trainer.publish(1, force_anchor=True)
+            llm.collective_rpc(_fail_anchor_writes, args=(None,))
             while _refused(llm):  # until the follower wrote version 1
                 assert time.monotonic() < give_up, f"the follower did not restore service: {follower.status()}"
                 time.sleep(POLL)
