@@ -35,7 +35,7 @@ DigestMap parse_digest_object(const st::Metadata& md, const char* key, const std
   json object;
   try {
     object = json::parse(md.at(key));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
     fail(label, std::string("metadata ") + key + " is not valid JSON (" + e.what() + ")");
   }
   if (!object.is_object()) fail(label, std::string("metadata ") + key + " is not a JSON object");
