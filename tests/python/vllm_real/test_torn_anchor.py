@@ -59,6 +59,19 @@ def _assert_refuses_service(llm) -> None:
     assert _refused(llm)
 
 
+def _restore_with_a_later_anchor(llm, trainer, later: int) -> None:
+    """The writes succeed again; `later` is published as an anchor and applied through
+    update_weights: every rank holds it, whole, and the engine serves it."""
+    llm.collective_rpc(_fail_anchor_writes, args=(None,))
+    trainer.publish(later, force_anchor=True)
+    llm.start_weight_update()
+    llm.update_weights({"update_info": {"version": later}})
+    llm.finish_weight_update(str(later))
+    assert llm.get_weight_version() == str(later)
+    states = llm.collective_rpc(_state)
+    assert all(s == {"version": later, "updating": False, "broken": None} for s in states), states
+
+
 def test_update_with_a_torn_anchor_is_refused_until_a_later_anchor(tmp_path):
     """One engine, the failure at each point in turn: an anchor of a new version fails part-way
     (twice: a retry while it still fails stays torn), then a later anchor restores service."""
@@ -82,14 +95,7 @@ def test_update_with_a_torn_anchor_is_refused_until_a_later_anchor(tmp_path):
                         assert changed < params, f"{point}: every parameter was written ({runs} runs)"
                     _assert_refuses_service(llm)
 
-                llm.collective_rpc(_fail_anchor_writes, args=(None,))
-                trainer.publish(later, force_anchor=True)
-                llm.start_weight_update()
-                llm.update_weights({"update_info": {"version": later}})
-                llm.finish_weight_update(str(later))
-                assert llm.get_weight_version() == str(later)
-                (state,) = llm.collective_rpc(_state)
-                assert state == {"version": later, "updating": False, "broken": None}, state
+                _restore_with_a_later_anchor(llm, trainer, later)
                 _assert_serves_checkpoint(llm, trainer.checkpoints[later])
                 served = eng.generate(llm)
         with eng.engine(trainer.checkpoints[later]) as fresh:
@@ -174,14 +180,7 @@ def test_torn_anchor_on_one_rank_at_tp2_tears_both_and_a_later_anchor_restores_b
                 assert "a write failed on 1 other rank(s)" in states[1 - rank]["broken"], states
                 assert _refused(llm)
 
-                llm.collective_rpc(_fail_anchor_writes, args=(None,))
-                trainer.publish(later, force_anchor=True)
-                llm.start_weight_update()
-                llm.update_weights({"update_info": {"version": later}})
-                llm.finish_weight_update(str(later))
-                assert llm.get_weight_version() == str(later)
-                states = llm.collective_rpc(_state)
-                assert states == [{"version": later, "updating": False, "broken": None}] * 2, states
+                _restore_with_a_later_anchor(llm, trainer, later)
                 served[later] = (eng.runtime_params(llm), eng.generate(llm))
         for version, (params, tokens) in served.items():
             with eng.engine(trainer.checkpoints[version], tp=2) as fresh:
