@@ -57,4 +57,11 @@ TEST(S3Xml, EscapeForElementText) {
   EXPECT_EQ(parse("<E>" + deltasync::s3xml::escape("a<&>b") + "</E>", "x").text, "a<&>b");
 }
 
+TEST(S3Xml, EscapeKeepsCarriageReturns) {
+  // An XML parser reads a literal CR (alone or before LF) as LF; a character reference survives.
+  EXPECT_EQ(deltasync::s3xml::escape("a\r\nb\rc"), "a&#13;\nb&#13;c");
+  EXPECT_EQ(parse("<E>" + deltasync::s3xml::escape("a\r\nb\rc") + "</E>", "x").text, "a\r\nb\rc");
+  EXPECT_EQ(parse("<E>a\r\nb\rc</E>", "x").text, "a\nb\nc");  // what the unescaped text would become
+}
+
 }  // namespace

@@ -101,6 +101,7 @@ std::string escape(std::string_view text) {
     if (c == '&') out += "&amp;";
     else if (c == '<') out += "&lt;";
     else if (c == '>') out += "&gt;";
+    else if (c == '\r') out += "&#13;";  // a literal CR would reach the server as LF (XML end-of-line handling)
     else out += c;
   }
   return out;

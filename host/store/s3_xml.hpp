@@ -26,7 +26,8 @@ struct Element {
 // root, an empty body).
 Element parse(std::string_view xml, const std::string& label);
 
-// Escapes text for an element body (&, <, >).
+// Escapes text for an element body (&, <, >, and CR as a character reference: a parser reads a
+// literal CR as LF).
 std::string escape(std::string_view text);
 
 }  // namespace deltasync::s3xml

@@ -225,19 +225,36 @@ void MappedReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<con
       throw Error(what + ": injected failure after writing " + std::to_string(written) + " of " + std::to_string(map_runs()) +
                   " runs (test)");
   };
-  for (size_t k = 0; k < by_param_.size(); ++k) {
-    const TensorRef& p = model_.params[k];
-    for (const ParamRun& r : by_param_[k]) {
-      injected_failure();
-      torn_ = true;  // from the first write until the audit below passes
-      const uint32_t w = model_.hf[r.hf_tensor].width();
-      engine_.write(p, static_cast<uint64_t>(r.rt_start) * w,
-                    bytes[r.hf_tensor].subspan(static_cast<uint64_t>(r.hf_start) * w, static_cast<uint64_t>(r.length) * w));
-      ++written;
+  std::exception_ptr write_failure;
+  try {
+    for (size_t k = 0; k < by_param_.size(); ++k) {
+      const TensorRef& p = model_.params[k];
+      for (const ParamRun& r : by_param_[k]) {
+        injected_failure();
+        torn_ = true;  // from the first write until the audit below passes
+        const uint32_t w = model_.hf[r.hf_tensor].width();
+        engine_.write(p, static_cast<uint64_t>(r.rt_start) * w,
+                      bytes[r.hf_tensor].subspan(static_cast<uint64_t>(r.hf_start) * w, static_cast<uint64_t>(r.length) * w));
+        ++written;
+      }
     }
+    injected_failure();
+  } catch (...) {
+    write_failure = std::current_exception();
   }
-  injected_failure();
   lap.to(timings_.anchor_write);
+  // Every rank hears of a failed write before any audits (whose digest sum would wait for the
+  // rank that failed): the model is then torn on every rank that took part -- the ranks that
+  // wrote their whole share hold no version either -- so every rank's next plan is an anchor.
+  // Slots: ranks that failed, ranks whose parameters are torn.
+  std::vector<uint64_t> outcome{write_failure ? 1u : 0u, torn_ ? 1u : 0u};
+  if (combine_) combine_(outcome);
+  if (outcome[0] != 0) {
+    torn_ = outcome[1] != 0;
+    if (write_failure) std::rethrow_exception(write_failure);
+    throw Error(what + ": a write failed on " + std::to_string(outcome[0]) +
+                    " other rank(s); the runtime parameters are torn on every rank until an anchor is written whole");
+  }
   recompute_digests();
   lap.to(timings_.anchor_audit);
   for (size_t t = 0; t < T; ++t) {

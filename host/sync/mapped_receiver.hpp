@@ -93,8 +93,9 @@ class MappedReceiver final : public Receiver {
   // Every HF element written through the runs, all or nothing: the anchor's owned digests are
   // computed from its host bytes and combined with every rank's verdict before anything is
   // written; a refusal anywhere (this rank's check, another rank's, abandon() on another rank)
-  // leaves every rank's parameters as they were. Then written run by run and audited: the
-  // digests recomputed from the parameters must equal the anchor's. Runtime elements no HF
+  // leaves every rank's parameters as they were. Then written run by run, the ranks agree that
+  // every write succeeded (a failure on any rank throws on every rank and leaves every rank
+  // torn), and audited: the digests recomputed from the parameters must equal the anchor's. Runtime elements no HF
   // element maps to (vocabulary padding a loader zero-filled, buffers) are left as they are.
   void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
                    std::span<const uint64_t> digests, uint64_t version) override;

@@ -59,6 +59,18 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(data if body_bytes is None else data[:body_bytes])
             self.wfile.flush()
 
+    def read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def drop_connection(self):
+        """Closes the connection now (a cut; or the end of a body sent part-way)."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(2)
+        except OSError:
+            pass
+
 
 class Fault:
     def __init__(self, kind, times=1, method=None, path_contains=None, **params):
@@ -89,16 +101,12 @@ class FaultProxy:
                             return fault
                 return None
 
-            def _body(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                return self.rfile.read(length) if length else b""
-
             def _forward(self, body):
                 return forward(proxy.upstream, self.command, self.path, self.headers, body)
 
             def _handle(self):
                 fault = self._take_fault()
-                body = self._body()
+                body = self.read_body()
                 if fault:
                     fault.hit.set()
                     kind, p = fault.kind, fault.params
@@ -123,17 +131,10 @@ class FaultProxy:
                     status, headers, data = self._forward(body)
                     if kind == "drop" and self.command != "HEAD" and len(data) > 1:
                         self._send(status, headers, data, body_bytes=len(data) // 2)
-                        self.close_connection = True
-                        self.connection.shutdown(2)
+                        self.drop_connection()
                         return
                     if kind == "stall" and self.command != "HEAD" and len(data) > 1:
-                        self.send_response(status)
-                        for k, v in headers:
-                            self.send_header(k, v)
-                        self.send_header("Content-Length", str(len(data)))
-                        self.end_headers()
-                        self.wfile.write(data[:1])
-                        self.wfile.flush()
+                        self._send(status, headers, data, body_bytes=1)
                         time.sleep(p.get("seconds", 5))
                         self.close_connection = True
                         return

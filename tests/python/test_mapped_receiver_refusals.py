@@ -1,7 +1,8 @@
 """The vLLM receiver refuses a delta whose result digest is wrong, or that was made for another
 base, and an anchor that fails its verification on one rank, inside the worker at TP=1 and TP=2
 (the stand-in, ranks on threads over real gloo groups): every rank raises, and every rank's
-runtime parameters are bit for bit what they were."""
+runtime parameters are bit for bit what they were. And an anchor whose writes fail part-way on
+one rank: every rank raises and is torn until a later anchor is written whole on every rank."""
 from __future__ import annotations
 
 import json
@@ -118,3 +119,54 @@ def test_a_delta_one_rank_cannot_fetch_is_refused_on_every_rank(tmp_path):
         for n, p in w.model_runner.model.named_parameters():
             assert torch.equal(p.detach().view(torch.int16), bits[n].view(torch.int16)), f"rank {rank}: {n}"
         assert w.deltasync_version() == 0
+
+
+def _error_of(call) -> str | None:
+    """The one-line message of the deltasync error `call` raises (None: it returns)."""
+    try:
+        call()
+    except DeltaSyncError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("point", ["first", "middle", "last"])
+def test_an_anchor_whose_writes_fail_on_one_rank_tears_every_rank_until_a_later_anchor(tmp_path, point):
+    # Rank 1's writes fail part-way (after its first run, half its runs, all of them: before the
+    # audit) while rank 0 writes its whole share: both ranks raise -- the first try and the
+    # recovery from the same anchor --, both are torn and at no version, so the next update is an
+    # anchor on both; once it is written whole every rank holds the trainer's weights.
+    from deltasync.vllm.worker_subscriber import WorkerSubscriber
+
+    config = vs.Config()
+    trainer = vs.HFModel(config, seed=0)
+    store = f"file://{tmp_path / 'bucket'}"
+    workers = vs.make_workers(vs.StandinWorker, config, 2)
+    subs = [WorkerSubscriber(w.model_runner.model, group=w.group, rank=w.rank) for w in workers]
+    with deltasync.DeltaPublisher(trainer, store=store) as pub:
+        pub.publish(0)
+        pub.flush()
+        vs.on_threads([lambda s=s: s.connect(store) for s in subs])
+        before = [runtime_bits(w) for w in workers]
+        total = subs[1].mapped.map_runs
+        subs[1].mapped._fail_anchor_writes_after({"first": 1, "middle": total // 2, "last": total}[point])
+        raised = vs.on_threads([lambda s=s: _error_of(lambda: s.update(0)) for s in subs])
+        assert "a write failed on 1 other rank(s)" in raised[0], raised
+        assert "injected failure after writing" in raised[1], raised
+        for rank, (w, s, bits) in enumerate(zip(workers, subs, before)):
+            assert s.mapped.torn and s.version is None and s.broken, f"rank {rank}"
+            assert any(not torch.equal(p.detach().view(torch.int16), bits[n].view(torch.int16))
+                       for n, p in w.model_runner.model.named_parameters()), f"rank {rank} wrote nothing"
+
+        subs[1].mapped._fail_anchor_writes_after(None)
+        with torch.no_grad():
+            trainer.model.norm.weight.view(torch.int16)[0] += 1
+        pub.publish(1, anchor=True)
+        pub.flush()
+        reports = vs.on_threads([lambda s=s: s.update(1) for s in subs])
+    assert [r["anchor"] for r in reports] == [1, 1]
+    for rank, (w, s) in enumerate(zip(workers, subs)):
+        assert s.version == 1 and not s.mapped.torn and s.broken is None
+        wanted = vs.reference_runtime_params(config, vs.TP(rank, 2), dict(trainer.named_parameters()))
+        for n, p in w.model_runner.model.named_parameters():
+            assert torch.equal(p.detach().view(torch.int16), wanted[n].view(torch.int16)), f"rank {rank}: {n}"

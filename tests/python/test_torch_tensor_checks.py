@@ -45,38 +45,44 @@ def refused(what, tensors: dict, match: str, tmp_path):
     return one_line(err)
 
 
-@pytest.mark.parametrize("what", ["publisher", "subscriber"])
-def test_non_contiguous(what, tmp_path):
-    w = weights()
+def _transposed(w):
     w["embed"] = w["embed"].t()
-    refused(what, w, r"deltasync\.Delta\w+: tensor embed is not contiguous$", tmp_path)
 
 
-@pytest.mark.parametrize("what", ["publisher", "subscriber"])
-def test_meta(what, tmp_path):
-    w = {n: t.to("meta") for n, t in weights().items()}
-    refused(what, w, r"tensor embed is a meta tensor \(it has no data\)", tmp_path)
+def _all_meta(w):
+    for n in w:
+        w[n] = w[n].to("meta")
 
 
-@pytest.mark.parametrize("what", ["publisher", "subscriber"])
-def test_sparse(what, tmp_path):
-    w = weights()
+def _sparse(w):
     w["norm"] = w["norm"].to_sparse()
-    refused(what, w, r"tensor norm has layout Sparse; deltasync needs dense \(strided\) tensors", tmp_path)
 
 
-@pytest.mark.parametrize("what", ["publisher", "subscriber"])
-def test_quantized(what, tmp_path):
-    w = weights()
+def _quantized(w):
     w["norm"] = torch.quantize_per_tensor(w["norm"], 0.1, 0, torch.qint8)
-    refused(what, w, r"tensor norm is quantized \(QInt8\)", tmp_path)
+
+
+def _one_on_meta(w):
+    w["norm"] = w["norm"].to("meta")
+
+
+# One case per kind of tensor refused: how the weights are spoiled, and the refusal's line.
+KINDS = [
+    pytest.param(_transposed, r"deltasync\.Delta\w+: tensor embed is not contiguous$", id="non-contiguous"),
+    pytest.param(_all_meta, r"tensor embed is a meta tensor \(it has no data\)", id="meta"),
+    pytest.param(_sparse, r"tensor norm has layout Sparse; deltasync needs dense \(strided\) tensors", id="sparse"),
+    pytest.param(_quantized, r"tensor norm is quantized \(QInt8\)", id="quantized"),
+    pytest.param(_one_on_meta, r"tensor norm is on meta, tensor embed on cpu; all tensors must live on one device",
+                 id="another-device-than-its-peers"),
+]
 
 
 @pytest.mark.parametrize("what", ["publisher", "subscriber"])
-def test_another_device_than_its_peers(what, tmp_path):
+@pytest.mark.parametrize("spoil, match", KINDS)
+def test_refused_tensor_kind(what, spoil, match, tmp_path):
     w = weights()
-    w["norm"] = w["norm"].to("meta")
-    refused(what, w, r"tensor norm is on meta, tensor embed on cpu; all tensors must live on one device", tmp_path)
+    spoil(w)
+    refused(what, w, match, tmp_path)
 
 
 def test_freed_storage_is_never_read_or_written(tmp_path):

@@ -267,6 +267,7 @@ class Soak:
         self.publisher_done = False
         self.stop = threading.Event()
         self.errors: list[str] = []
+        self.served: list[tuple[int, float | None]] = []  # vLLM: (versions behind, seconds behind) per version served
 
     # -- set-up ---------------------------------------------------------------------------------
     def start_store(self):
@@ -401,6 +402,13 @@ class Soak:
                 self.counts[f"{who} recoveries from an anchor"] += 1
             if e.get("after_kill"):
                 self.counts["cli pulls checked after a kill"] += 1
+        elif kind == "served":
+            # How far behind the newest visible version the vLLM engine serves, in versions and in
+            # seconds since the served version's manifest was created.
+            with self.proxy.lock:
+                newest = max(self.proxy.committed, default=-1)
+                made = self.proxy.commit_time.get(e["version"])
+            self.served.append((max(0, newest - e["version"]), None if made is None else time.monotonic() - made))
         elif kind == "checked":
             self.visible.add(e["version"])
             self.counts["checks:vllm"] += 1
@@ -516,8 +524,19 @@ class Soak:
         rows += [("store audits", a.audits), ("store: max versions held", f"{a.max_manifests} (bound {a.manifest_bound})"),
                  ("store: max bytes, first half / second half", f"{a.max_bytes[0]} / {a.max_bytes[1]} (model {model_bytes})"),
                  ("store: max objects / unreferenced / open multipart uploads", f"{a.max_objects} / {a.max_orphans} / {a.max_multipart}"),
-                 ("vLLM follower", "ran" if vllm_ran else "not run"),
-                 ("divergences", len(self.divergences)), ("lost versions", len(self.lost)),
+                 ("vLLM follower", "ran" if vllm_ran else "not run")]
+        if vllm_ran:
+            behind = sorted(b for b, _ in self.served)
+            secs = sorted(t for _, t in self.served if t is not None)
+
+            def mid(xs):
+                return xs[len(xs) // 2] if xs else "-"
+
+            rows += [("vLLM: versions served", len(self.served)),
+                     ("vLLM: versions behind the newest visible, median / max", f"{mid(behind)} / {max(behind, default='-')}"),
+                     ("vLLM: seconds from visible to served, median / max",
+                      f"{mid(secs):.2f} / {max(secs):.2f}" if secs else "- / -")]
+        rows += [("divergences", len(self.divergences)), ("lost versions", len(self.lost)),
                  ("store problems", len(a.problems)), ("errors", len(self.errors)), ("wall time", f"{wall:.0f} s")]
         width = max(len(k) for k, _ in rows)
         lines = [f"| {'':{width}} | |", f"|{'-' * (width + 2)}|---|"] + [f"| {k:{width}} | {v} |" for k, v in rows]

@@ -4,7 +4,7 @@ of its request stream (before its first upload of a version, before a multipart 
 part, before the manifest, before LATEST), counting all of it.
 
 It forwards requests unchanged (Host included: SigV4 signs it), as tests/python/fault_proxy.py
-does, whose forwarding and server classes it uses."""
+does, whose forwarding, server and handler (partial bodies, dropped connections) it uses."""
 from __future__ import annotations
 
 import collections
@@ -52,27 +52,17 @@ class SoakProxy:
         self.kill_log: list[tuple[str, int | None, float]] = []  # (point, version, time)
         self.requests = 0
         self.committed: set[int] = set()  # versions whose manifest the server created
+        self.commit_time: dict[int, float] = {}  # version -> time.monotonic() of its manifest's creation
         self.publisher_pid: int | None = None  # set by the orchestrator once the publisher has resumed
         self._uploading: set[int] = set()      # versions whose first object was seen
         self.enabled = True
         proxy = self
 
         class Handler(QuietHandler):
-            def _body(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                return self.rfile.read(length) if length else b""
-
-            def _drop(self):
-                self.close_connection = True
-                try:
-                    self.connection.shutdown(2)
-                except OSError:
-                    pass
-
             def _handle(self):
-                body = self._body()
+                body = self.read_body()
                 if proxy._maybe_kill(self.command, self.path, body):
-                    self._drop()  # the publisher is gone; nothing is forwarded
+                    self.drop_connection()  # the publisher is gone; nothing is forwarded
                     return
                 kind = proxy._pick_fault()
                 if kind in ("5xx", "429"):
@@ -83,24 +73,18 @@ class SoakProxy:
                     self.send_all(status, [("Content-Type", "application/xml")], xml)
                     return
                 if kind == "cut" and proxy.rng.random() < 0.5:
-                    self._drop()  # before forwarding: the server never saw it
+                    self.drop_connection()  # before forwarding: the server never saw it
                     return
                 status, headers, data = forward(proxy.upstream, self.command, self.path, self.headers, body)
                 proxy._note_commit(self.command, self.path, status)
                 if kind == "cut" or (kind in ("stall", "truncated") and (self.command == "HEAD" or len(data) < 2)):
-                    self._drop()  # after forwarding: the server did it, the answer is lost
+                    self.drop_connection()  # after forwarding: the server did it, the answer is lost
                     return
                 if kind in ("stall", "truncated"):
-                    self.send_response(status)
-                    for k, v in headers:
-                        self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data[:1] if kind == "stall" else data[:len(data) // 2])
-                    self.wfile.flush()
+                    self.send_all(status, headers, data, body_bytes=1 if kind == "stall" else len(data) // 2)
                     if kind == "stall":
                         time.sleep(proxy.stall_seconds)
-                    self._drop()
+                    self.drop_connection()
                     return
                 self.send_all(status, headers, data)
 
@@ -118,6 +102,7 @@ class SoakProxy:
             if m:
                 with self.lock:
                     self.committed.add(int(m.group(1)))
+                    self.commit_time.setdefault(int(m.group(1)), time.monotonic())
 
     def _pick_fault(self) -> str | None:
         with self.lock:

@@ -49,6 +49,7 @@ def main() -> int:
         llm.init_weight_transfer_engine({"init_info": {"store": args.store, "follow": True, "poll_seconds": 0.2}})
         soak_model.emit(event="started")
         next_check = time.monotonic() + rng.expovariate(1 / args.check_every)
+        last_served = None
         while True:
             llm.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)  # the engine follows as it steps
             served = llm.get_weight_version()
@@ -56,6 +57,9 @@ def main() -> int:
                 time.sleep(0.2)
                 continue
             version = int(served)
+            if version != last_served:  # the orchestrator measures the lag from these
+                soak_model.emit(event="served", version=version)
+                last_served = version
             done = version >= args.versions
             if done or time.monotonic() >= next_check:
                 if version < oracle.version:
