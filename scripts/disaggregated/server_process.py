@@ -7,6 +7,7 @@ stock vLLM-CPU prepacks them for its own GEMM where it can, and deltasync refuse
 weights it cannot update in place."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -59,6 +60,27 @@ def wait_healthy(url: str, seconds: float, proc: subprocess.Popen | None = None)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the vLLM server at {url} did not answer /health within {seconds:.0f} s")
             time.sleep(1)
+
+
+@contextlib.contextmanager
+def running(python: str, model: Path, log: Path, healthy_within: float = 600, **start_options):
+    """The server (start()'s options) on a free port, answering /health: yields (url, proc) and
+    stops it on leaving. RuntimeError with the end of its log when it exits before answering,
+    does not answer within `healthy_within` seconds, or has exited by the end of the block."""
+    port = free_port()
+    proc = start(python, model, port, log, **start_options)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_healthy(url, healthy_within, proc)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; the end of its log:\n{log.read_text()[-3000:]}") from None
+        yield url, proc
+        if proc.poll() is not None:
+            raise RuntimeError(f"the vLLM server exited ({proc.returncode}) during the run; the end of its log:\n"
+                               f"{log.read_text()[-3000:]}")
+    finally:
+        stop(proc)
 
 
 def stop(proc: subprocess.Popen | None) -> None:

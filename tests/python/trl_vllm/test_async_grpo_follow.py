@@ -25,18 +25,9 @@ MAX_STALENESS = 1
 def server(tmp_path, vllm_python):
     python, site = vllm_python
     base = toy_task.make_base(tmp_path / "base", tokenizer=toy_task.make_chat_tokenizer())
-    port = server_process.free_port()
     log = tmp_path / "server.log"
-    proc = server_process.start(python, base, port, log, site=site, extra_args=("--enable-scale-out",))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        server_process.wait_healthy(url, 600, proc)
+    with server_process.running(python, base, log, site=site, extra_args=("--enable-scale-out",)) as (url, _):
         yield url, base, log
-        assert proc.poll() is None, f"the server exited; its log:\n{log.read_text()[-3000:]}"
-    except RuntimeError as e:
-        pytest.fail(f"{e}; the end of its log:\n{log.read_text()[-3000:]}")
-    finally:
-        server_process.stop(proc)
 
 
 def test_async_grpo_with_a_following_server(tmp_path, server, monkeypatch):

@@ -31,18 +31,8 @@ def finished_requests(url: str) -> float:
 def server(tmp_path, vllm_python):
     python, site = vllm_python
     base = toy_task.make_base(tmp_path / "base")
-    port = server_process.free_port()
-    log = tmp_path / "server.log"
-    proc = server_process.start(python, base, port, log, site=site)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        server_process.wait_healthy(url, 600, proc)
+    with server_process.running(python, base, tmp_path / "server.log", site=site) as (url, _):
         yield url, base
-        assert proc.poll() is None, f"the server exited; its log:\n{log.read_text()[-3000:]}"
-    except RuntimeError as e:
-        pytest.fail(f"{e}; the end of its log:\n{log.read_text()[-3000:]}")
-    finally:
-        server_process.stop(proc)
 
 
 def test_grpo_server_mode_generates_on_the_server_and_syncs_through_the_store(tmp_path, server, monkeypatch):

@@ -29,18 +29,8 @@ VERSIONS = 3
 @pytest.fixture
 def server_url(tmp_path):
     start = tm.save(tm.make(tm.qwen3, seed=1), tmp_path / "start")  # the server starts from other weights
-    port = server_process.free_port()
-    log = tmp_path / "server.log"
-    proc = server_process.start(sys.executable, start, port, log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        server_process.wait_healthy(url, 600, proc)
+    with server_process.running(sys.executable, start, tmp_path / "server.log") as (url, _):
         yield url
-        assert proc.poll() is None, f"the server exited; its log:\n{log.read_text()[-3000:]}"
-    except RuntimeError as e:
-        pytest.fail(f"{e}; the end of its log:\n{log.read_text()[-3000:]}")
-    finally:
-        server_process.stop(proc)
 
 
 def audit(engine: VLLMServerEngine, trainer, folder: Path) -> dict:
