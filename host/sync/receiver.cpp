@@ -60,6 +60,21 @@ uint64_t TensorReceiver::apply(const engine::DeltaToApply& delta, engine::Transf
   return report.elements_changed;
 }
 
+uint64_t TensorReceiver::apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected,
+                                       engine::TransferCounters& transfer) {
+  if (digests_.size() != targets_.size()) recompute_digests();
+  auto report = engine_.apply_patches(targets_, patches, expected, digests_, version_, transfer);
+  version_ = expected.model_version;
+  return report.elements_changed;
+}
+
+std::vector<ConstTensorRef> TensorReceiver::host_bits() const {
+  std::vector<ConstTensorRef> out;
+  if (engine_.device() != engine::Device::kCpu) return out;
+  for (const auto& t : targets_) out.push_back(ConstTensorRef{t.name, t.data, t.numel, t.width});
+  return out;
+}
+
 std::vector<uint64_t> HostModelReceiver::digests() const {
   return model_.digests.size() == model_.tensors.size() ? model_.digests : std::vector<uint64_t>{};
 }
@@ -84,5 +99,16 @@ uint64_t HostModelReceiver::apply(const engine::DeltaToApply& delta, engine::Tra
   model_.version = delta.model_version;
   return report.elements_changed;
 }
+
+uint64_t HostModelReceiver::apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected,
+                                          engine::TransferCounters& transfer) {
+  if (model_.digests.size() != model_.tensors.size()) model_.compute_digests();
+  auto targets = model_.refs();
+  auto report = engine_.apply_patches(targets, patches, expected, model_.digests, model_.version, transfer);
+  model_.version = expected.model_version;
+  return report.elements_changed;
+}
+
+std::vector<ConstTensorRef> HostModelReceiver::host_bits() const { return model_.const_refs(); }
 
 }  // namespace deltasync

@@ -13,6 +13,7 @@
 #include "engine/integrity.hpp"
 #include "format/model_version.hpp"
 #include "store/http_transport.hpp"
+#include "sync/shard_parts.hpp"
 
 namespace deltasync {
 namespace {
@@ -45,6 +46,7 @@ VerifiedAnchor verify_anchor(const protocol::Manifest& manifest, std::vector<std
   std::set<std::string> seen;
   integrity::DigestMap recorded;
   a.files.reserve(parts.size());
+  std::vector<const st::File*> slice_parts;  // parts of a shard-local publish, assembled below
   for (size_t k = 0; k < parts.size(); ++k) {
     a.files.push_back(st::File::from_bytes(std::move(parts[k]), label + " part " + std::to_string(k)));
     const st::File& file = a.files.back();
@@ -53,11 +55,25 @@ VerifiedAnchor verify_anchor(const protocol::Manifest& manifest, std::vector<std
       throw Error(file.label() + ": anchor part is for version " +
                   (version ? std::to_string(*version) : std::string("unknown")) + ", expected " +
                   std::to_string(manifest.version));
+    if (holds_anchor_slices(file)) {
+      slice_parts.push_back(&file);
+      continue;
+    }
     if (auto d = integrity::read_checkpoint_digests(file.metadata(), file.label())) recorded.insert(d->begin(), d->end());
     for (const TensorMeta& m : model_tensors(file)) {
       if (!seen.insert(m.name).second) throw Error(label + ": tensor " + m.name + " appears in two anchor parts");
       a.bytes.push_back(file.bytes(file.at(m.name)));
       a.tensors.push_back(m);
+    }
+  }
+  if (!slice_parts.empty()) {
+    AssembledTensors whole = assemble_anchor_slices(slice_parts, label);
+    a.assembled = std::move(whole.storage);
+    for (size_t t = 0; t < whole.tensors.size(); ++t) {
+      if (!seen.insert(whole.tensors[t].name).second)
+        throw Error(label + ": tensor " + whole.tensors[t].name + " appears in two anchor parts");
+      a.bytes.push_back(a.assembled[t]);
+      a.tensors.push_back(std::move(whole.tensors[t]));
     }
   }
   // The audit an anchor deserves: one read of its bytes, before any of them is written anywhere.
@@ -162,9 +178,9 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
   }
   for (uint64_t v : plan.deltas) {
     const protocol::Manifest* m = catalog_.find(v);
-    if (!m || !m->delta) throw NotFoundError(store_.describe(protocol::manifest_key(v)) + ": delta version disappeared");
+    if (!m || !m->has_delta()) throw NotFoundError(store_.describe(protocol::manifest_key(v)) + ": delta version disappeared");
     chain.push_back(m);
-    objects.push_back(*m->delta);
+    for (const auto& o : protocol::delta_objects(*m)) objects.push_back(o);
   }
   // A failure of this rank's own (fetch, verification, parse) before a step reaches the weights
   // is the receiver's to hear of too: its other ranks may be waiting to agree on that step.
@@ -198,6 +214,21 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
     for (const auto& t : verified.tensors) report.applied_elements += t.numel();
   }
   for (const auto* m : chain) {
+    if (!m->delta_parts.empty()) {
+      // A shard-local publish: the parts combine into one delta's patches and promises.
+      std::vector<st::File> files;
+      CombinedDelta combined = before_weights([&] {
+        for (const auto& part : m->delta_parts)
+          files.push_back(st::File::from_bytes(std::move(fetched[next++]), store_.describe(part.object.key)));
+        return combine_delta_parts(*m, files, weights.tensors(), weights.host_bits());
+      });
+      const auto w0 = Clock::now();
+      report.applied_elements += weights.apply_patches(combined.patches, combined.digests, report.transfer);
+      report.pause_seconds += seconds_since(w0);
+      report.changed_elements += m->changed_elements;
+      report.deltas.push_back(m->version);
+      continue;
+    }
     const st::File file =
         before_weights([&] { return st::File::from_bytes(std::move(fetched[next++]), store_.describe(m->delta->key)); });
     const engine::DeltaToApply delta{&file, m->version, m->base_version};
