@@ -10,6 +10,7 @@
 #include "core/placement.hpp"
 #include "engine/cpu_sync_engine.hpp"
 #include "store/store.hpp"
+#include "sync/mapped_receiver.hpp"
 #include "sync/shard_parts.hpp"
 #include "sync/shard_publish.hpp"
 #include "sync/subscriber.hpp"
@@ -308,6 +309,35 @@ TEST(ShardCommit, RefusesDisagreeingRanksOverlapsGapsAndMissingParts) {
   auto missing = good;
   w.store->remove(missing[1].delta->key);
   EXPECT_EQ(refused(missing), "version 2: part " + w.store->describe(missing[1].delta->key) + " of rank 1 is missing from the store");
+}
+
+// The inference-engine receiver (runtime parameters reached through runs) goes through the same
+// combination: here its parameters are the HF tensors one to one, on one rank.
+TEST(ShardRead, TheMappedReceiverFollowsAShardedPublisher) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 4, "trl");
+  std::vector<std::vector<uint8_t>> memory;
+  MappedModel mm;
+  mm.hf = w.meta;
+  mm.params_meta = w.meta;
+  for (size_t t = 0; t < w.meta.size(); ++t) memory.emplace_back(w.full[t].size(), 0);
+  for (size_t t = 0; t < w.meta.size(); ++t) {
+    const auto n = static_cast<int64_t>(w.meta[t].numel());
+    mm.params.push_back(TensorRef{w.meta[t].name, memory[t].data(), w.meta[t].numel(), w.meta[t].width()});
+    mm.runs.push_back(MappedRuns{static_cast<uint32_t>(t), static_cast<uint32_t>(t), {0}, {n}, {0}});
+    mm.owned.push_back(OwnedRanges{static_cast<uint32_t>(t), {0}, {n}});
+  }
+  engine::CpuSyncEngine engine;
+  MappedReceiver receiver(std::move(mm), engine, [](std::span<uint64_t>) {});
+  Subscriber sub(*w.store);
+  for (uint64_t v = 1; v <= 4; ++v) {
+    if (v > 1) w.step(v);
+    ASSERT_TRUE(w.publish(v).committed);
+    const auto report = sub.sync(receiver);
+    EXPECT_EQ(report.to, v);
+    EXPECT_EQ(report.plan.anchor_version.has_value(), v == 1);
+    for (size_t t = 0; t < w.meta.size(); ++t) EXPECT_TRUE(memory[t] == w.full[t]) << w.meta[t].name << " at version " << v;
+  }
 }
 
 // The reader's checks on a version's parts, from a real 2-rank version whose manifest is altered.
