@@ -311,6 +311,37 @@ TEST(ShardCommit, RefusesDisagreeingRanksOverlapsGapsAndMissingParts) {
   EXPECT_EQ(refused(missing), "version 2: part " + w.store->describe(missing[1].delta->key) + " of rank 1 is missing from the store");
 }
 
+TEST(ShardRead, AnchorSlicesMustMatchTheirDigestsAndTileTheirTensor) {
+  const TensorMeta meta{"w", DType::BF16, {4, 3}};
+  const auto bits = random_bytes(24, 5);
+  const Placement top = shard_placement(meta.shape, 0, 0, 2), bottom = shard_placement(meta.shape, 0, 1, 2);
+  auto part = [&](const Placement& p, const std::string& label) {
+    std::vector<uint8_t> local(p.numel() * 2);
+    for (uint64_t k = 0; k < p.numel(); ++k) std::memcpy(&local[k * 2], &bits[p.full_position(k) * 2], 2);
+    const std::span<const uint8_t> span(local);
+    return st::File::from_bytes(serialize_anchor_slices(std::span(&meta, 1), std::span(&p, 1), std::span(&span, 1), 7, label), label);
+  };
+  const st::File a = part(top, "a"), b = part(bottom, "b");
+  const st::File* both[] = {&a, &b};
+  const AssembledTensors whole = assemble_anchor_slices(both, "anchor of version 7");
+  ASSERT_EQ(whole.tensors.size(), 1u);
+  EXPECT_EQ(whole.tensors[0].shape, meta.shape);
+  EXPECT_TRUE(whole.storage[0] == bits);
+  const st::File* twice[] = {&a, &a, &b};
+  EXPECT_EQ(error_message([&] { assemble_anchor_slices(twice, "anchor of version 7"); }),
+            "anchor of version 7: tensor w: part a and part a overlap at position 0");
+  const st::File* alone[] = {&a};
+  EXPECT_EQ(error_message([&] { assemble_anchor_slices(alone, "anchor of version 7"); }),
+            "anchor of version 7: tensor w: no part covers positions 6..11");
+  // The same tensor table and digests over other bytes.
+  std::vector<uint8_t> other(a.bytes(a.at("w")).begin(), a.bytes(a.at("w")).end());
+  other[0] ^= 1;
+  const st::File forged = st::File::from_bytes(st::serialize(std::vector<st::WriteTensor>{{"w", DType::BF16, {6}, other}}, a.metadata()), "forged");
+  const st::File* bad[] = {&forged, &b};
+  EXPECT_EQ(error_message([&] { assemble_anchor_slices(bad, "anchor of version 7"); }),
+            "forged: slice of tensor w does not match its recorded digest");
+}
+
 // The inference-engine receiver (runtime parameters reached through runs) goes through the same
 // combination: here its parameters are the HF tensors one to one, on one rank.
 TEST(ShardRead, TheMappedReceiverFollowsAShardedPublisher) {
