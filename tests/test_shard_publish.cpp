@@ -243,6 +243,14 @@ TEST_P(ShardPublish, ReadersStayBitIdenticalAtEveryVersion) {
     copy.compute_digests();
     for (size_t t = 0; t < w.meta.size(); ++t) EXPECT_EQ(m->digests.at(w.meta[t].name), digest_to_hex(copy.digests[t]));
   }
+  // What a receiver learns of the model from the anchor's headers alone: the full tensors.
+  std::vector<TensorMeta> published = sub.published_tensors(std::nullopt);
+  std::sort(published.begin(), published.end(), [](const TensorMeta& a, const TensorMeta& b) { return a.name < b.name; });
+  ASSERT_EQ(published.size(), w.meta.size());
+  for (size_t t = 0; t < w.meta.size(); ++t) {
+    EXPECT_EQ(published[t].name, w.meta[t].name);
+    EXPECT_EQ(published[t].shape, w.meta[t].shape);
+  }
   // A late reader starts from the newest anchor's slices and the deltas after it.
   HostModel late;
   Subscriber late_sub(*reader_store);

@@ -258,10 +258,17 @@ std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> ta
     const std::vector<uint8_t> header = store_.get_range(part.key, 8, n);
     const auto j = nlohmann::json::parse(header.begin(), header.end(), nullptr, false);
     if (!j.is_object()) throw BadInputError(label + ": header is not a JSON object");
-    // Tensors in file order (by data offset), as the anchor holds them.
+    // Tensors in file order (by data offset), as the anchor holds them. A part of slices
+    // (sync/shard_parts.hpp) names each tensor's full shape in its placements; a tensor sliced
+    // over several parts is listed once.
+    nlohmann::json placements;
+    if (j.contains("__metadata__") && j["__metadata__"].is_object() && j["__metadata__"].contains(shard_keys::kPlacements) &&
+        j["__metadata__"][shard_keys::kPlacements].is_string())
+      placements = nlohmann::json::parse(j["__metadata__"][shard_keys::kPlacements].get<std::string>(), nullptr, false);
     std::vector<std::pair<uint64_t, TensorMeta>> entries;
     for (const auto& [name, v] : j.items()) {
       if (name == "__metadata__") continue;
+      if (placements.is_object() && std::any_of(out.begin(), out.end(), [&](const TensorMeta& m) { return m.name == name; })) continue;
       const bool ok = v.is_object() && v.contains("dtype") && v["dtype"].is_string() && v.contains("shape") &&
                       v["shape"].is_array() && v.contains("data_offsets") && v["data_offsets"].is_array() &&
                       v["data_offsets"].size() == 2 && v["data_offsets"][0].is_number_unsigned();
@@ -272,6 +279,16 @@ std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> ta
       for (const auto& d : v["shape"]) {
         if (!d.is_number_unsigned()) throw BadInputError(label + ": tensor " + name + " has a malformed shape");
         m.shape.push_back(d.get<uint64_t>());
+      }
+      if (placements.is_object()) {
+        const auto e = placements.find(name);
+        if (e == placements.end() || !e->is_object() || !e->contains("shape") || !(*e)["shape"].is_array())
+          throw BadInputError(label + ": tensor " + name + " has no placement entry");
+        m.shape.clear();
+        for (const auto& d : (*e)["shape"]) {
+          if (!d.is_number_unsigned()) throw BadInputError(label + ": tensor " + name + " has a malformed full shape");
+          m.shape.push_back(d.get<uint64_t>());
+        }
       }
       entries.emplace_back(v["data_offsets"][0].get<uint64_t>(), std::move(m));
     }
