@@ -350,11 +350,41 @@ TEST(ShardRead, AnchorSlicesMustMatchTheirDigestsAndTileTheirTensor) {
             "forged: slice of tensor w does not match its recorded digest");
 }
 
+// Weights that are not in host memory (a GPU) take compact parts unbased and rebase them on
+// their own bits: the same path on the CPU engine, driven by hand.
+TEST(ShardRead, UnbasedCompactPartsRebaseOnTheReceiversBits) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  ASSERT_TRUE(w.publish(1).committed);
+  std::vector<std::vector<uint8_t>> memory;
+  std::vector<TensorRef> targets;
+  for (size_t t = 0; t < w.meta.size(); ++t) memory.emplace_back(w.full[t].size(), 0);
+  for (size_t t = 0; t < w.meta.size(); ++t) targets.push_back(TensorRef{w.meta[t].name, memory[t].data(), w.meta[t].numel(), w.meta[t].width()});
+  engine::CpuSyncEngine engine;
+  TensorReceiver receiver(w.meta, targets, engine);
+  Subscriber sub(*w.store);
+  ASSERT_EQ(sub.sync(receiver).to, 1u);
+  w.step(2);
+  ASSERT_TRUE(w.publish(2).committed);
+  protocol::Catalog catalog(*w.store);
+  const protocol::Manifest m = *catalog.find(2);
+  std::vector<st::File> files;
+  for (const auto& p : m.delta_parts) files.push_back(st::File::from_bytes(w.store->get(p.object.key), p.object.key));
+  const CombinedDelta combined = combine_delta_parts(m, files, w.meta, {});
+  ASSERT_TRUE(combined.relative);
+  engine::TransferCounters transfer;
+  EXPECT_EQ(receiver.apply_patches(combined.patches, combined.digests, true, transfer), m.changed_elements);
+  for (size_t t = 0; t < w.meta.size(); ++t) EXPECT_TRUE(memory[t] == w.full[t]) << w.meta[t].name;
+  EXPECT_EQ(receiver.version(), 2u);
+}
+
 // The inference-engine receiver (runtime parameters reached through runs) goes through the same
 // combination: here its parameters are the HF tensors one to one, on one rank.
-TEST(ShardRead, TheMappedReceiverFollowsAShardedPublisher) {
+class MappedFollows : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MappedFollows, TheMappedReceiverFollowsAShardedPublisher) {
   TempDir dir;
-  World w(open_store(dir.path().string()), mixed_layout(), 4, "trl");
+  World w(open_store(dir.path().string()), mixed_layout(), 4, GetParam());
   std::vector<std::vector<uint8_t>> memory;
   MappedModel mm;
   mm.hf = w.meta;
@@ -379,6 +409,9 @@ TEST(ShardRead, TheMappedReceiverFollowsAShardedPublisher) {
   }
 }
 
+// Compact parts reach it unbased (no host base bits) and are rebased where its bits live.
+INSTANTIATE_TEST_SUITE_P(Layouts, MappedFollows, ::testing::Values("trl", "compact"));
+
 // The reader's checks on a version's parts, from a real 2-rank version whose manifest is altered.
 TEST(ShardRead, RefusesPartsThatOverlapLeaveAGapOrLeaveTheirPlacement) {
   TempDir dir;
@@ -392,6 +425,7 @@ TEST(ShardRead, RefusesPartsThatOverlapLeaveAGapOrLeaveTheirPlacement) {
   std::vector<st::File> files;
   for (const auto& p : m.delta_parts) files.push_back(st::File::from_bytes(w.store->get(p.object.key), p.object.key));
   const CombinedDelta good = combine_delta_parts(m, files, w.meta, {});
+  EXPECT_FALSE(good.relative);  // the interoperable layout carries whole bits
   EXPECT_GT(good.changed_elements, 0u);
   EXPECT_EQ(good.changed_elements, m.changed_elements);
   const std::string name = "layers.0.weight";

@@ -501,10 +501,11 @@ uint64_t MappedReceiver::apply(const engine::DeltaToApply& delta, engine::Transf
   }
 }
 
-uint64_t MappedReceiver::apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected,
+uint64_t MappedReceiver::apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
                                        engine::TransferCounters& transfer) {
   if (digests_.size() != model_.hf.size()) recompute_digests();
-  Transaction transaction(*this, transfer);  // values are whole bits: nothing is relative
+  Transaction transaction(*this, transfer);
+  transaction.relative = relative;
   return apply_resolved(patches, expected, transaction);
 }
 

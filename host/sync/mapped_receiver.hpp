@@ -99,8 +99,8 @@ class MappedReceiver final : public Receiver {
   void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
                    std::span<const uint64_t> digests, uint64_t version) override;
   uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) override;
-  // A shard-local publish's parts combined (interoperable layouts: no host base bits here).
-  uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected,
+  // A shard-local publish's parts combined (compact parts unbased: rebased as apply() rebases).
+  uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
                          engine::TransferCounters& transfer) override;
   // This rank's refusal in the agreement the other ranks hold for the same step (an anchor's or
   // a delta's: both agree over T + 1 slots, the last one counting refusals).

@@ -46,8 +46,9 @@ class Receiver {
 
   // The same verified, transactional apply for a delta already resolved into patches in host
   // memory (patches[t] for tensors()[t]; a shard-local publish's parts combined,
-  // sync/shard_parts.hpp). Same contract as apply().
-  virtual uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected,
+  // sync/shard_parts.hpp). `relative`: the values are compact "unbased" bits, rebased here on
+  // the current bits at their positions (compact_two_phase.hpp). Same contract as apply().
+  virtual uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
                                  engine::TransferCounters& transfer) = 0;
   // The weights' current bits in host memory (compact deltas are decoded against them), or empty
   // when they live elsewhere.
@@ -72,7 +73,7 @@ class TensorReceiver final : public Receiver {
   void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
                    std::span<const uint64_t> digests, uint64_t version) override;
   uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) override;
-  uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected,
+  uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
                          engine::TransferCounters& transfer) override;
   std::vector<ConstTensorRef> host_bits() const override;
 
@@ -97,7 +98,7 @@ class HostModelReceiver final : public Receiver {
   void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
                    std::span<const uint64_t> digests, uint64_t version) override;
   uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) override;
-  uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected,
+  uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
                          engine::TransferCounters& transfer) override;
   std::vector<ConstTensorRef> host_bits() const override;
 

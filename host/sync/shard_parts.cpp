@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "codec/compact_two_phase.hpp"
 #include "codec/delta_io.hpp"
 #include "codec/digest.hpp"
 #include "core/error.hpp"
@@ -51,11 +52,16 @@ CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<
   std::vector<integrity::DeltaDigests> promises(parts.size());
   std::vector<integrity::DigestMap> unchanged(parts.size());
   const engine::DeltaToApply entry{nullptr, manifest.version, manifest.base_version};
+  bool out_relative = false;
   for (size_t k = 0; k < parts.size(); ++k) {
     const st::File& file = files[k];
-    if (base_bits.empty()) {
-      if (compact::is_compact_delta(file))
-        throw Error(file.label() + ": a compact delta part is decoded against host weights; this receiver's are elsewhere (publish with format 'trl')");
+    if (base_bits.empty() && compact::is_compact_delta(file)) {
+      if (k > 0 && !out_relative) throw BadInputError(file.label() + ": a compact part among parts of another layout");
+      out_relative = true;
+      resolved[k].patches = compact::decode_compact_delta_unbased(file, base_meta, resolved[k].decoded);
+      resolved[k].info = resolved[k].decoded.info;
+    } else if (base_bits.empty()) {
+      if (out_relative) throw BadInputError(file.label() + ": a part of another layout among compact parts");
       resolve_trl_delta(file, base_meta, resolved[k]);
     } else {
       resolve_delta(file, base_meta, base_bits, resolved[k]);
@@ -75,6 +81,7 @@ CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<
 
   // 3. Per tensor: the parts' changes merged in position order, and the partials summed.
   CombinedDelta out;
+  out.relative = out_relative;
   out.digests.model_version = manifest.version;
   out.digests.base_version = manifest.base_version;
   out.patches.resize(T);

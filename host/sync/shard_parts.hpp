@@ -36,6 +36,9 @@ inline constexpr const char* kSliceDigests = "slice_digests";
 // ascending, int64), pointing into this object's own storage.
 struct CombinedDelta {
   integrity::DeltaDigests digests;
+  // Compact parts decoded without host base bits (compact_two_phase.hpp): values are "unbased",
+  // to be rebased on the receiver's current bits at the same positions where those live.
+  bool relative = false;
   std::vector<PatchRef> patches;
   uint64_t changed_elements = 0;
   std::vector<std::vector<int64_t>> positions;
@@ -44,8 +47,8 @@ struct CombinedDelta {
 
 // Combines the delta parts of `manifest` (files[k] is manifest.delta_parts[k]'s bytes, SHA-checked)
 // for a receiver holding `base_meta`. `base_bits` are the receiver's current bits in host memory
-// (compact parts code values relative to them); empty when the weights are elsewhere, which then
-// takes the interoperable layouts only. Checks, each a BadInputError naming the tensor and part:
+// (compact parts code values relative to them); empty when the weights are elsewhere: compact
+// parts are then decoded unbased (`relative`), for the receiver to rebase where its bits live. Checks, each a BadInputError naming the tensor and part:
 // the parts' placements tile every tensor exactly (no overlap, no gap, no tensor the model
 // lacks); every part's file matches its manifest entry (versions, digests present; its positions
 // inside its placement); no two parts change one position; every part that holds a changed

@@ -223,7 +223,7 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
         return combine_delta_parts(*m, files, weights.tensors(), weights.host_bits());
       });
       const auto w0 = Clock::now();
-      report.applied_elements += weights.apply_patches(combined.patches, combined.digests, report.transfer);
+      report.applied_elements += weights.apply_patches(combined.patches, combined.digests, combined.relative, report.transfer);
       report.pause_seconds += seconds_since(w0);
       report.changed_elements += m->changed_elements;
       report.deltas.push_back(m->version);
