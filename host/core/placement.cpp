@@ -28,8 +28,9 @@ Placement shard_placement(std::span<const uint64_t> shape, size_t dim, uint64_t 
   for (size_t d = 0; d < dim; ++d) outer *= shape[d];
   for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
   if (rows == 0 || outer == 0 || inner == 0) return Placement{0, 0, 0, 0};
-  // Shard(0), or all of dim: one contiguous range.
-  if (dim == 0 || rows == size || outer == 1) return offset_placement(outer == 1 ? begin * inner : 0, outer * rows * inner);
+  // One contiguous range when nothing lies outside dim (Shard(0): outer == 1) or the part spans
+  // all of dim (then begin == 0).
+  if (outer == 1 || rows == size) return offset_placement(begin * inner, outer * rows * inner);
   return Placement{begin * inner, rows * inner, size * inner, outer};
 }
 

@@ -295,7 +295,10 @@ PartReceipt ShardPublisher::publish_part(uint64_t version, std::span<const Const
     SparseDelta part;
     part.offsets.assign(1, 0);
     part.value_offsets.assign(1, 0);
-    if (held.empty()) staged.changes.offsets.assign(1, 0), staged.changes.value_offsets.assign(1, 0);
+    if (held.empty()) {  // nothing encoded: an empty change set over no tensors
+      staged.changes.offsets.assign(1, 0);
+      staged.changes.value_offsets.assign(1, 0);
+    }
     const DeltaView local_view = staged.changes.view();
     size_t k = 0;
     for (size_t t = 0; t < T; ++t) {
