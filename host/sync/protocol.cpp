@@ -12,6 +12,7 @@
 #include "codec/delta_io.hpp"
 #include "core/parse_number.hpp"
 #include "store/sha256.hpp"
+#include "sync/shard_parts.hpp"
 
 namespace deltasync::protocol {
 namespace {
@@ -74,7 +75,7 @@ json delta_parts_json(const std::vector<DeltaPart>& parts) {
   for (const auto& p : parts) {
     json e = object_json(p.object);
     json placements = json::object();
-    for (const auto& [name, pl] : p.placements) placements[name] = json::array({pl.first, pl.run_length, pl.run_stride, pl.run_count});
+    for (const auto& [name, pl] : p.placements) placements[name] = placement_to_json(pl);
     e["placements"] = std::move(placements);
     out.push_back(std::move(e));
   }
@@ -92,10 +93,9 @@ std::vector<DeltaPart> delta_parts_from_json(const json& j, bool has_single_delt
     const json& placements = field(e, "placements", label);
     if (!placements.is_object()) bad(label, "manifest delta part " + p.object.key + " has no placements object");
     for (auto it = placements.begin(); it != placements.end(); ++it) {
-      const json& v = it.value();
-      if (!v.is_array() || v.size() != 4 || !std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_number_unsigned(); }))
-        bad(label, "manifest delta part " + p.object.key + ": placement of tensor " + it.key() + " is not 4 non-negative integers");
-      p.placements[it.key()] = Placement{v[0].get<uint64_t>(), v[1].get<uint64_t>(), v[2].get<uint64_t>(), v[3].get<uint64_t>()};
+      const std::optional<Placement> pl = placement_from_json(it.value());
+      if (!pl) bad(label, "manifest delta part " + p.object.key + ": placement of tensor " + it.key() + " is not 4 non-negative integers");
+      p.placements[it.key()] = *pl;
     }
     out.push_back(std::move(p));
   }

@@ -24,6 +24,14 @@ uint64_t index_at(const PatchRef& p, uint64_t k) {
 
 }  // namespace
 
+json placement_to_json(const Placement& p) { return json::array({p.first, p.run_length, p.run_stride, p.run_count}); }
+
+std::optional<Placement> placement_from_json(const json& j) {
+  if (!j.is_array() || j.size() != 4 || !std::all_of(j.begin(), j.end(), [](const json& x) { return x.is_number_unsigned(); }))
+    return std::nullopt;
+  return Placement{j[0].get<uint64_t>(), j[1].get<uint64_t>(), j[2].get<uint64_t>(), j[3].get<uint64_t>()};
+}
+
 CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<const st::File> files,
                                   std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base_bits) {
   const std::string label = "version " + std::to_string(manifest.version);
@@ -150,7 +158,7 @@ std::vector<uint8_t> serialize_anchor_slices(std::span<const TensorMeta> tensors
     refs.push_back(ConstTensorRef{m.name, local[k].data(), placements[k].numel(), m.width()});
     write.push_back(st::WriteTensor{m.name, m.dtype, {placements[k].numel()}, local[k]});
     const Placement& p = placements[k];
-    where[m.name] = json{{"shape", m.shape}, {"placement", json::array({p.first, p.run_length, p.run_stride, p.run_count})}};
+    where[m.name] = json{{"shape", m.shape}, {"placement", placement_to_json(p)}};
   }
   const std::vector<uint64_t> partials = digest_placed_tensors(refs, placements);
   for (size_t k = 0; k < tensors.size(); ++k) digests.emplace(tensors[k].name, partials[k]);
@@ -184,18 +192,16 @@ AssembledTensors assemble_anchor_slices(std::span<const st::File* const> parts, 
     std::vector<Placement> placements;
     for (const st::TensorInfo& ti : file->tensors()) {
       auto e = j.find(ti.name);
-      const bool ok = e != j.end() && e->is_object() && e->contains("shape") && (*e)["shape"].is_array() && e->contains("placement") &&
-                      (*e)["placement"].is_array() && (*e)["placement"].size() == 4;
+      const bool ok = e != j.end() && e->is_object() && e->contains("shape") && (*e)["shape"].is_array() && e->contains("placement");
       if (!ok) throw BadInputError(where + ": tensor " + ti.name + " has no placement entry");
       TensorMeta meta{ti.name, ti.dtype, {}};
       for (const auto& d : (*e)["shape"]) {
         if (!d.is_number_unsigned()) throw BadInputError(where + ": tensor " + ti.name + " has a malformed full shape");
         meta.shape.push_back(d.get<uint64_t>());
       }
-      const auto& v = (*e)["placement"];
-      if (!std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_number_unsigned(); }))
-        throw BadInputError(where + ": tensor " + ti.name + " has a malformed placement");
-      const Placement pl{v[0].get<uint64_t>(), v[1].get<uint64_t>(), v[2].get<uint64_t>(), v[3].get<uint64_t>()};
+      const std::optional<Placement> parsed = placement_from_json((*e)["placement"]);
+      if (!parsed) throw BadInputError(where + ": tensor " + ti.name + " has a malformed placement");
+      const Placement pl = *parsed;
       if (ti.numel() != pl.numel())
         throw BadInputError(where + ": tensor " + ti.name + " holds " + std::to_string(ti.numel()) + " elements, its placement " +
                             placement_text(pl) + " " + std::to_string(pl.numel()));

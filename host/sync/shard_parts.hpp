@@ -14,6 +14,8 @@
 // the patches and promises of one delta, and assemble_anchor_slices the slices into full tensors.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,6 +33,11 @@ inline constexpr const char* kUnchangedDigests = "unchanged_digests";
 inline constexpr const char* kPlacements = "placements";
 inline constexpr const char* kSliceDigests = "slice_digests";
 }  // namespace shard_keys
+
+// A placement as manifests, receipts and anchor metadata write it: [first, run_length,
+// run_stride, run_count]. Reading gives nullopt for anything but 4 non-negative integers.
+nlohmann::json placement_to_json(const Placement& placement);
+std::optional<Placement> placement_from_json(const nlohmann::json& j);
 
 // One version's delta as the verified apply takes it: patches[t] for base tensor t (positions
 // ascending, int64), pointing into this object's own storage.

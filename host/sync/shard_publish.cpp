@@ -22,10 +22,6 @@ protocol::ObjectRef object_from(const json& j) {
   return protocol::ObjectRef{j.at("key").get<std::string>(), j.at("size").get<uint64_t>(), j.at("sha256").get<std::string>()};
 }
 
-json placement_json(const Placement& p) { return json::array({p.first, p.run_length, p.run_stride, p.run_count}); }
-Placement placement_from(const json& j) {
-  return Placement{j.at(0).get<uint64_t>(), j.at(1).get<uint64_t>(), j.at(2).get<uint64_t>(), j.at(3).get<uint64_t>()};
-}
 
 std::string meta_text(DType dtype, const std::vector<uint64_t>& shape) { return std::string(dtype_name(dtype)) + shape_text(shape); }
 
@@ -46,7 +42,7 @@ std::string receipt_to_json(const PartReceipt& r) {
   json tensors = json::array();
   for (const auto& t : r.tensors)
     tensors.push_back(json{{"name", t.name}, {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape},
-                           {"placement", placement_json(t.placement)}, {"digest", digest_to_hex(t.digest)}, {"changed", t.changed}});
+                           {"placement", placement_to_json(t.placement)}, {"digest", digest_to_hex(t.digest)}, {"changed", t.changed}});
   j["tensors"] = std::move(tensors);
   return j.dump();
 }
@@ -70,7 +66,9 @@ PartReceipt receipt_from_json(std::string_view text, const std::string& label) {
       if (!dtype) throw BadInputError(label + ": tensor " + x.name + " has an unknown dtype");
       x.dtype = *dtype;
       x.shape = t.at("shape").get<std::vector<uint64_t>>();
-      x.placement = placement_from(t.at("placement"));
+      const std::optional<Placement> placement = placement_from_json(t.at("placement"));
+      if (!placement) throw BadInputError(label + ": tensor " + x.name + " has a malformed placement");
+      x.placement = *placement;
       x.digest = digest_from_hex(t.at("digest").get<std::string>(), label);
       x.changed = t.at("changed").get<uint64_t>();
       r.tensors.push_back(std::move(x));
