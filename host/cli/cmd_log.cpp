@@ -46,7 +46,7 @@ int run_log(const Args& raw) {
     const protocol::Manifest& m = *catalog.find(v);
     std::printf("%-10llu %-13s %-10s %12s %12s %12llu %9.4f%%  %s\n", static_cast<unsigned long long>(v), m.kind().c_str(),
                 m.base_version ? std::to_string(*m.base_version).c_str() : "-",
-                m.delta ? human_bytes(double(m.delta_bytes())).c_str() : "-",
+                m.has_delta() ? human_bytes(double(m.delta_bytes())).c_str() : "-",
                 m.has_anchor() ? human_bytes(double(m.anchor_bytes())).c_str() : "-",
                 static_cast<unsigned long long>(m.changed_elements),
                 m.total_elements ? 100.0 * double(m.changed_elements) / double(m.total_elements) : 0.0,

@@ -204,21 +204,40 @@ uint64_t digest_slice(uint32_t width, const void* bits, uint64_t first, uint64_t
 uint64_t digest_tensor(const ConstTensorRef& tensor) { return digest_tensors(std::span(&tensor, 1)).front(); }
 
 std::vector<uint64_t> digest_tensors(std::span<const ConstTensorRef> tensors) {
-  // Task t_begin[t] .. t_begin[t+1] are the chunks of tensor t.
+  std::vector<Placement> whole;
+  whole.reserve(tensors.size());
+  for (const auto& x : tensors) whole.push_back(whole_placement(x.numel));
+  return digest_placed_tensors(tensors, whole);
+}
+
+std::vector<uint64_t> digest_placed_tensors(std::span<const ConstTensorRef> tensors, std::span<const Placement> placements) {
+  if (placements.size() != tensors.size()) throw Error("digest: " + std::to_string(tensors.size()) + " tensors, " + std::to_string(placements.size()) + " placements");
+  // Tasks task_begin[t] .. task_begin[t+1] are the chunks of tensor t: chunks_per_run[t] per run,
+  // so a chunk never straddles two runs (its full positions are contiguous).
   std::vector<uint64_t> task_begin(tensors.size() + 1, 0);
+  std::vector<uint64_t> chunks_per_run(tensors.size(), 0);
   for (size_t t = 0; t < tensors.size(); ++t) {
     const auto& x = tensors[t];
+    const Placement& pl = placements[t];
     check_width(x.width, x.name);
     if (x.numel > 0 && x.data == nullptr) throw BadInputError("digest: tensor " + std::string(x.name) + " has no data");
-    task_begin[t + 1] = task_begin[t] + (x.numel + kChunkElements - 1) / kChunkElements;
+    if (pl.numel() != x.numel)
+      throw BadInputError("digest: tensor " + std::string(x.name) + " holds " + std::to_string(x.numel) + " elements, its placement " +
+                          placement_text(pl) + " " + std::to_string(pl.numel()));
+    chunks_per_run[t] = (pl.run_length + kChunkElements - 1) / kChunkElements;
+    task_begin[t + 1] = task_begin[t] + chunks_per_run[t] * pl.run_count;
   }
   std::vector<uint64_t> partial(task_begin.back(), 0);
   parallel_for(partial.size(), [&](size_t task) {
     const size_t t = std::upper_bound(task_begin.begin(), task_begin.end(), task) - task_begin.begin() - 1;
     const auto& x = tensors[t];
-    const uint64_t first = (task - task_begin[t]) * kChunkElements;
-    const uint64_t count = std::min(kChunkElements, x.numel - first);
-    partial[task] = slice_sum(x.width, static_cast<const uint8_t*>(x.data) + first * x.width, first, count);
+    const Placement& pl = placements[t];
+    const uint64_t run = (task - task_begin[t]) / chunks_per_run[t];
+    const uint64_t in_run = (task - task_begin[t]) % chunks_per_run[t] * kChunkElements;
+    const uint64_t count = std::min(kChunkElements, pl.run_length - in_run);
+    const uint64_t local = run * pl.run_length + in_run;
+    partial[task] = slice_sum(x.width, static_cast<const uint8_t*>(x.data) + local * x.width,
+                              pl.first + run * pl.run_stride + in_run, count);
   });
   std::vector<uint64_t> out(tensors.size(), 0);
   for (size_t t = 0; t < tensors.size(); ++t)

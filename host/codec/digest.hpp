@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/placement.hpp"
 #include "core/tensor.hpp"
 
 namespace deltasync {
@@ -20,6 +21,11 @@ uint64_t digest_tensor(const ConstTensorRef& tensor);
 // elements that run on the worker pool together, so many small tensors cost no more than one
 // big one. One read of the data, word-at-a-time loads.
 std::vector<uint64_t> digest_tensors(std::span<const ConstTensorRef> tensors);
+// The same for local shards: tensors[t] holds the full positions placements[t] names (its
+// numel equals the placement's), and out[t] is the Σ term over those full positions -- the
+// shard's partial, which adds up (mod 2^64) across the shards of a tensor to its digest.
+// digest_tensors is this with whole placements.
+std::vector<uint64_t> digest_placed_tensors(std::span<const ConstTensorRef> tensors, std::span<const Placement> placements);
 // The element widths a digest covers (1, 2, 4): BadInputError("digest: tensor NAME has N-byte
 // elements; ...") otherwise. Every engine checks with these words before hashing.
 void check_digest_width(uint32_t width, std::string_view name);

@@ -124,10 +124,7 @@ void put_delta_digests(DeltaInfo& info, const DeltaDigests& digests) {
   put_delta_digests(info.extra, digests);
 }
 
-void put_checkpoint_digests(st::Metadata& metadata, const DigestMap& digests) {
-  metadata[keys::kDigestAlgorithm] = std::string(kDigestAlgorithm);
-  metadata[keys::kDigests] = to_json(digests);
-}
+void put_checkpoint_digests(st::Metadata& metadata, const DigestMap& digests) { put_digest_map(metadata, keys::kDigests, digests); }
 
 std::optional<DeltaDigests> read_delta_digests(const DeltaInfo& info, const std::string& label) {
   const st::Metadata& md = info.extra;
@@ -146,9 +143,18 @@ std::optional<DeltaDigests> read_delta_digests(const DeltaInfo& info, const std:
 }
 
 std::optional<DigestMap> read_checkpoint_digests(const st::Metadata& metadata, const std::string& label) {
-  if (!metadata.contains(keys::kDigests)) return std::nullopt;
-  check_algorithm(metadata, "digests", label);
-  return parse_digest_object(metadata, keys::kDigests, label);
+  return read_digest_map(metadata, keys::kDigests, label);
+}
+
+void put_digest_map(st::Metadata& metadata, const char* key, const DigestMap& digests) {
+  metadata[keys::kDigestAlgorithm] = std::string(kDigestAlgorithm);
+  metadata[key] = to_json(digests);
+}
+
+std::optional<DigestMap> read_digest_map(const st::Metadata& metadata, const char* key, const std::string& label) {
+  if (!metadata.contains(key)) return std::nullopt;
+  check_algorithm(metadata, key, label);
+  return parse_digest_object(metadata, key, label);
 }
 
 // ---- checks ----------------------------------------------------------------------------------

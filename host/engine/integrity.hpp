@@ -83,6 +83,11 @@ std::optional<DeltaDigests> read_delta_digests(const DeltaInfo& info, const std:
 // Reads an anchor's or checkpoint's `digests` (std::nullopt when absent; same strictness).
 std::optional<DigestMap> read_checkpoint_digests(const st::Metadata& metadata, const std::string& label);
 
+// A digest map under another metadata key (the partials of a shard's part or anchor slices,
+// sync/shard_parts.hpp), with the same form and strictness as `digests`.
+void put_digest_map(st::Metadata& metadata, const char* key, const DigestMap& digests);
+std::optional<DigestMap> read_digest_map(const st::Metadata& metadata, const char* key, const std::string& label);
+
 // ---- checks ----------------------------------------------------------------------------------
 
 // Refuses a delta whose base is not the receiver's current state. When both versions are known

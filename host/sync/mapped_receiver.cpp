@@ -511,15 +511,29 @@ uint64_t MappedReceiver::apply(const engine::DeltaToApply& delta, engine::Transf
   } catch (...) {
     integrity::refuse_apply(T, std::current_exception(), transaction);
   }
-  std::vector<TensorRef> targets(T);
-  for (size_t t = 0; t < T; ++t)
-    targets[t] = TensorRef{model_.hf[t].name, nullptr, model_.hf[t].numel(), model_.hf[t].width()};
   try {
-    integrity::apply_verified(targets, patches, expected, digests_, version_, transaction);
+    return apply_resolved(patches, expected, transaction);
   } catch (const Error& e) {
     throw Error(delta.file->label() + ": " + e.what(), e.kind());
   }
-  version_ = delta.model_version;
+}
+
+uint64_t MappedReceiver::apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
+                                       engine::TransferCounters& transfer) {
+  if (digests_.size() != model_.hf.size()) recompute_digests();
+  Transaction transaction(*this, transfer);
+  transaction.relative = relative;
+  return apply_resolved(patches, expected, transaction);
+}
+
+uint64_t MappedReceiver::apply_resolved(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected,
+                                        Transaction& transaction) {
+  const size_t T = model_.hf.size();
+  std::vector<TensorRef> targets(T);
+  for (size_t t = 0; t < T; ++t)
+    targets[t] = TensorRef{model_.hf[t].name, nullptr, model_.hf[t].numel(), model_.hf[t].width()};
+  integrity::apply_verified(targets, patches, expected, digests_, version_, transaction);
+  version_ = expected.model_version;
   return prepared_->elements;
 }
 

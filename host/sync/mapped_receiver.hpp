@@ -100,6 +100,9 @@ class MappedReceiver final : public Receiver {
   void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
                    std::span<const uint64_t> digests, uint64_t version) override;
   uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) override;
+  // A shard-local publish's parts combined (compact parts unbased: rebased as apply() rebases).
+  uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
+                         engine::TransferCounters& transfer) override;
   // This rank's refusal in the agreement the other ranks hold for the same step (an anchor's or
   // a delta's: both agree over T + 1 slots, the last one counting refusals).
   void abandon() override;
@@ -137,6 +140,8 @@ class MappedReceiver final : public Receiver {
   class Transaction;  // apply()'s mechanics under integrity::apply_verified (mapped_receiver.cpp)
 
   void prepare(std::span<const PatchRef> patches, bool relative, engine::TransferCounters& transfer);
+  // apply_verified over the HF tensors with `transaction`; returns the elements written.
+  uint64_t apply_resolved(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, Transaction& transaction);
   std::vector<bool> served_;                              // per HF tensor: false when in model_.unserved
   std::optional<uint64_t> version_;
   std::vector<uint64_t> digests_;

@@ -12,6 +12,7 @@
 #include "codec/delta_io.hpp"
 #include "core/parse_number.hpp"
 #include "store/sha256.hpp"
+#include "sync/shard_parts.hpp"
 
 namespace deltasync::protocol {
 namespace {
@@ -67,6 +68,40 @@ ObjectRef object_from_json(const json& j, const std::string& label) {
   return o;
 }
 
+// Manifest field "delta_parts": [{key, size, sha256, placements: {tensor: [first, run_length,
+// run_stride, run_count]}}, ...] (shard-local publish; protocol.hpp DeltaPart).
+json delta_parts_json(const std::vector<DeltaPart>& parts) {
+  json out = json::array();
+  for (const auto& p : parts) {
+    json e = object_json(p.object);
+    json placements = json::object();
+    for (const auto& [name, pl] : p.placements) placements[name] = placement_to_json(pl);
+    e["placements"] = std::move(placements);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<DeltaPart> delta_parts_from_json(const json& j, bool has_single_delta, const std::string& label) {
+  if (!j.is_array()) bad(label, "manifest delta_parts is not an array");
+  if (has_single_delta) bad(label, "manifest names both a delta and delta_parts");
+  if (j.size() < 2) bad(label, "manifest delta_parts lists fewer than two parts (one is written as \"delta\")");
+  std::vector<DeltaPart> out;
+  for (const auto& e : j) {
+    DeltaPart p;
+    p.object = object_from_json(e, label);
+    const json& placements = field(e, "placements", label);
+    if (!placements.is_object()) bad(label, "manifest delta part " + p.object.key + " has no placements object");
+    for (auto it = placements.begin(); it != placements.end(); ++it) {
+      const std::optional<Placement> pl = placement_from_json(it.value());
+      if (!pl) bad(label, "manifest delta part " + p.object.key + ": placement of tensor " + it.key() + " is not 4 non-negative integers");
+      p.placements[it.key()] = *pl;
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string manifest_key(uint64_t version) { return std::string(kManifestPrefix) + padded(version) + ".json"; }
@@ -92,10 +127,28 @@ std::string new_nonce() {
   return buf;
 }
 
+uint64_t Manifest::delta_bytes() const {
+  uint64_t n = 0;
+  for (const auto& o : delta_objects(*this)) n += o.size;
+  return n;
+}
+
+std::vector<ObjectRef> delta_objects(const Manifest& m) {
+  std::vector<ObjectRef> out;
+  if (m.delta) out.push_back(*m.delta);
+  for (const auto& p : m.delta_parts) out.push_back(p.object);
+  return out;
+}
+
 uint64_t Manifest::anchor_bytes() const {
   uint64_t total = 0;
   for (const auto& p : anchor_parts) total += p.size;
   return total;
+}
+
+ObjectRef put_object(Store& store, const std::string& key, std::span<const uint8_t> bytes) {
+  store.put(key, bytes);
+  return ObjectRef{key, bytes.size(), sha256_hex(bytes)};
 }
 
 void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const std::string& label) {
@@ -123,6 +176,7 @@ std::string to_json(const Manifest& m) {
   j["digest_algorithm"] = m.digest_algorithm;
   j["digests"] = m.digests;
   j["created_unix_ms"] = m.created_unix_ms;
+  if (!m.delta_parts.empty()) j["delta_parts"] = delta_parts_json(m.delta_parts);
   return j.dump(1);
 }
 
@@ -144,12 +198,13 @@ Manifest manifest_from_json(std::string_view text, const std::string& label) {
   if (!base.is_null()) m.base_version = get_u64(j, "base_version", label);
   const json& delta = field(j, "delta", label);
   if (!delta.is_null()) m.delta = object_from_json(delta, label);
-  if (m.delta.has_value() != m.base_version.has_value()) bad(label, "manifest has a delta without base_version or the reverse");
+  if (j.contains("delta_parts")) m.delta_parts = delta_parts_from_json(j["delta_parts"], m.delta.has_value(), label);
+  if (m.has_delta() != m.base_version.has_value()) bad(label, "manifest has a delta without base_version or the reverse");
   if (m.base_version && *m.base_version >= m.version) bad(label, "manifest base_version is not older than its version");
   const json& df = field(j, "delta_format", label);
   if (!df.is_string()) bad(label, "manifest delta_format is not a string");
   m.delta_format = df.get<std::string>();
-  if (m.delta) {
+  if (m.has_delta()) {
     try {
       parse_delta_format(m.delta_format);
     } catch (const Error&) {
@@ -160,7 +215,7 @@ Manifest manifest_from_json(std::string_view text, const std::string& label) {
   const json& parts = field(j, "anchor_parts", label);
   if (!parts.is_array()) bad(label, "manifest anchor_parts is not an array");
   for (const auto& p : parts) m.anchor_parts.push_back(object_from_json(p, label));
-  if (!m.delta && m.anchor_parts.empty()) bad(label, "manifest names neither a delta nor an anchor");
+  if (!m.has_delta() && m.anchor_parts.empty()) bad(label, "manifest names neither a delta nor an anchor");
   const json& la = field(j, "latest_anchor", label);
   if (!la.is_null()) m.latest_anchor = get_u64(j, "latest_anchor", label);
   if (m.has_anchor() && m.latest_anchor != m.version) bad(label, "manifest with an anchor must name itself as latest_anchor");
@@ -312,7 +367,7 @@ std::optional<CatchUpPlan> plan_catch_up(Catalog& catalog, std::optional<uint64_
         best = CatchUpPlan{v, std::vector<uint64_t>(chain.rbegin(), chain.rend()), cost};
       }
     }
-    if (!m->delta || !m->base_version) break;
+    if (!m->has_delta() || !m->base_version) break;
     chain.push_back(v);
     chain_bytes += m->delta_bytes();
     if (best && chain_bytes >= best->bytes) break;  // longer walks only cost more

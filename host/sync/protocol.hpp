@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/placement.hpp"
 #include "store/store.hpp"
 
 namespace deltasync::protocol {
@@ -43,6 +44,15 @@ struct ObjectRef {
   std::string sha256;  // lowercase hex of the object's bytes
 };
 
+// One trainer rank's part of a version's delta (shard-local publish, sync/shard_publish.hpp):
+// an ordinary delta file over the full tensors whose changes lie in the positions `placements`
+// names per tensor (tensors absent: the part holds none of them). The parts of a version tile
+// every tensor exactly.
+struct DeltaPart {
+  ObjectRef object;
+  std::map<std::string, Placement> placements;
+};
+
 struct Manifest {
   uint64_t version = 0;
   // The delta bringing base_version to version (absent for a version published only as an
@@ -61,12 +71,22 @@ struct Manifest {
   std::string digest_algorithm;                // integrity's algorithm name; empty when none
   std::map<std::string, std::string> digests;  // every tensor's digest at `version` (hex)
   uint64_t created_unix_ms = 0;
+  // A delta in several parts (one per trainer rank), instead of `delta`: at least two (one part
+  // is written as `delta`, so a one-rank publisher's manifest reads as before).
+  std::vector<DeltaPart> delta_parts;
 
   bool has_anchor() const { return !anchor_parts.empty(); }
-  uint64_t delta_bytes() const { return delta ? delta->size : 0; }
+  bool has_delta() const { return delta.has_value() || !delta_parts.empty(); }
+  uint64_t delta_bytes() const;
   uint64_t anchor_bytes() const;
-  std::string kind() const { return has_anchor() ? (delta ? "anchor+delta" : "anchor") : "delta"; }
+  std::string kind() const { return has_anchor() ? (has_delta() ? "anchor+delta" : "anchor") : "delta"; }
 };
+
+// The objects of a version's delta, in part order: `delta`, or every delta part's.
+std::vector<ObjectRef> delta_objects(const Manifest& manifest);
+
+// Uploads `bytes` under `key` and returns its reference (size, SHA-256).
+ObjectRef put_object(Store& store, const std::string& key, std::span<const uint8_t> bytes);
 
 // Checks an object's bytes against the size and SHA-256 its manifest records; throws
 // Error("LABEL: ...") naming what differs (a corrupt or replaced object).

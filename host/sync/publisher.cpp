@@ -38,11 +38,6 @@ bool stored_manifest_is(Store& store, const protocol::Manifest& manifest) {
   }
 }
 
-protocol::ObjectRef upload_object(Store& store, const std::string& key, std::span<const uint8_t> bytes) {
-  store.put(key, bytes);
-  return protocol::ObjectRef{key, bytes.size(), sha256_hex(bytes)};
-}
-
 }  // namespace
 
 SparseDelta merge_deltas(const DeltaView& older, const DeltaView& newer, std::span<const TensorMeta> tensors) {
@@ -547,7 +542,7 @@ void Publisher::upload(Job& job) {
   m.version = job.version;
   const std::string nonce = protocol::new_nonce();
   if (job.has_delta) {
-    m.delta = upload_object(store, protocol::delta_key(job.version, nonce), delta_bytes);
+    m.delta = protocol::put_object(store, protocol::delta_key(job.version, nonce), delta_bytes);
     m.base_version = job.base_version;
     m.delta_format = std::string(delta_format_name(format_));
     m.changed_elements = st.changed_elements;
@@ -629,7 +624,7 @@ std::vector<protocol::ObjectRef> Publisher::upload_anchor(Job& job, const std::s
     integrity::put_checkpoint_digests(md, part_digests);
     const std::vector<uint8_t> part = st::serialize(write, md);
     part_bytes[k] = part.size();
-    refs[k] = upload_object(*store_, protocol::anchor_part_key(job.version, nonce, k), part);
+    refs[k] = protocol::put_object(*store_, protocol::anchor_part_key(job.version, nonce, k), part);
   });
   for (uint64_t n : part_bytes) st.anchor_bytes += n;
   if (engine_->device() != engine::Device::kCpu)

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "codec/compact_two_phase.hpp"
 #include "codec/digest.hpp"
 #include "core/error.hpp"
 #include "core/huge_buffer.hpp"
@@ -60,6 +61,44 @@ uint64_t TensorReceiver::apply(const engine::DeltaToApply& delta, engine::Transf
   return report.elements_changed;
 }
 
+uint64_t TensorReceiver::apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
+                                       engine::TransferCounters& transfer) {
+  if (digests_.size() != targets_.size()) recompute_digests();
+  std::vector<std::vector<uint8_t>> rebased;
+  std::vector<PatchRef> absolute(patches.begin(), patches.end());
+  if (relative) {
+    // The base bits at the changed positions, from where the weights live (O(changed)).
+    std::vector<ConstTensorRef> sources;
+    uint64_t bytes = 0;
+    for (size_t t = 0; t < targets_.size(); ++t) {
+      sources.push_back(ConstTensorRef{targets_[t].name, targets_[t].data, targets_[t].numel, targets_[t].width});
+      bytes += patches[t].count * targets_[t].width;
+    }
+    std::vector<uint8_t> base(bytes);
+    engine_.gather(sources, patches, base, transfer);
+    rebased.resize(targets_.size());
+    uint64_t at = 0;
+    for (size_t t = 0; t < targets_.size(); ++t) {
+      const uint64_t n = patches[t].count * targets_[t].width;
+      rebased[t].resize(n);
+      compact::rebase_values(std::span(static_cast<const uint8_t*>(patches[t].values), n), std::span(base).subspan(at, n),
+                             targets_[t].width, rebased[t]);
+      absolute[t].values = rebased[t].data();
+      at += n;
+    }
+  }
+  auto report = engine_.apply_patches(targets_, absolute, expected, digests_, version_, transfer);
+  version_ = expected.model_version;
+  return report.elements_changed;
+}
+
+std::vector<ConstTensorRef> TensorReceiver::host_bits() const {
+  std::vector<ConstTensorRef> out;
+  if (engine_.device() != engine::Device::kCpu) return out;
+  for (const auto& t : targets_) out.push_back(ConstTensorRef{t.name, t.data, t.numel, t.width});
+  return out;
+}
+
 std::vector<uint64_t> HostModelReceiver::digests() const {
   return model_.digests.size() == model_.tensors.size() ? model_.digests : std::vector<uint64_t>{};
 }
@@ -84,5 +123,17 @@ uint64_t HostModelReceiver::apply(const engine::DeltaToApply& delta, engine::Tra
   model_.version = delta.model_version;
   return report.elements_changed;
 }
+
+uint64_t HostModelReceiver::apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
+                                          engine::TransferCounters& transfer) {
+  if (relative) throw Error("receiver: unbased values for a host model (its bits are in host memory: internal error)");
+  if (model_.digests.size() != model_.tensors.size()) model_.compute_digests();
+  auto targets = model_.refs();
+  auto report = engine_.apply_patches(targets, patches, expected, model_.digests, model_.version, transfer);
+  model_.version = expected.model_version;
+  return report.elements_changed;
+}
+
+std::vector<ConstTensorRef> HostModelReceiver::host_bits() const { return model_.const_refs(); }
 
 }  // namespace deltasync

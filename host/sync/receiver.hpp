@@ -44,6 +44,16 @@ class Receiver {
   // the weights bit-for-bit as before. Returns the elements written here.
   virtual uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) = 0;
 
+  // The same verified, transactional apply for a delta already resolved into patches in host
+  // memory (patches[t] for tensors()[t]; a shard-local publish's parts combined,
+  // sync/shard_parts.hpp). `relative`: the values are compact "unbased" bits, rebased here on
+  // the current bits at their positions (compact_two_phase.hpp). Same contract as apply().
+  virtual uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
+                                 engine::TransferCounters& transfer) = 0;
+  // The weights' current bits in host memory (compact deltas are decoded against them), or empty
+  // when they live elsewhere.
+  virtual std::vector<ConstTensorRef> host_bits() const { return {}; }
+
   // This rank failed a step before handing it to the receiver (a fetch, an anchor's
   // verification, a delta file that does not parse). A receiver whose ranks agree before they
   // write (the mapped receiver over a tensor-parallel group) takes part in that step's agreement
@@ -63,6 +73,9 @@ class TensorReceiver final : public Receiver {
   void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
                    std::span<const uint64_t> digests, uint64_t version) override;
   uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) override;
+  uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
+                         engine::TransferCounters& transfer) override;
+  std::vector<ConstTensorRef> host_bits() const override;
 
  private:
   std::vector<TensorMeta> meta_;
@@ -85,6 +98,9 @@ class HostModelReceiver final : public Receiver {
   void load_anchor(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
                    std::span<const uint64_t> digests, uint64_t version) override;
   uint64_t apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) override;
+  uint64_t apply_patches(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, bool relative,
+                         engine::TransferCounters& transfer) override;
+  std::vector<ConstTensorRef> host_bits() const override;
 
  private:
   HostModel& model_;

@@ -13,6 +13,7 @@
 #include "engine/integrity.hpp"
 #include "format/model_version.hpp"
 #include "store/http_transport.hpp"
+#include "sync/shard_parts.hpp"
 
 namespace deltasync {
 namespace {
@@ -45,6 +46,7 @@ VerifiedAnchor verify_anchor(const protocol::Manifest& manifest, std::vector<std
   std::set<std::string> seen;
   integrity::DigestMap recorded;
   a.files.reserve(parts.size());
+  std::vector<const st::File*> slice_parts;  // parts of a shard-local publish, assembled below
   for (size_t k = 0; k < parts.size(); ++k) {
     a.files.push_back(st::File::from_bytes(std::move(parts[k]), label + " part " + std::to_string(k)));
     const st::File& file = a.files.back();
@@ -53,11 +55,25 @@ VerifiedAnchor verify_anchor(const protocol::Manifest& manifest, std::vector<std
       throw Error(file.label() + ": anchor part is for version " +
                   (version ? std::to_string(*version) : std::string("unknown")) + ", expected " +
                   std::to_string(manifest.version));
+    if (holds_anchor_slices(file)) {
+      slice_parts.push_back(&file);
+      continue;
+    }
     if (auto d = integrity::read_checkpoint_digests(file.metadata(), file.label())) recorded.insert(d->begin(), d->end());
     for (const TensorMeta& m : model_tensors(file)) {
       if (!seen.insert(m.name).second) throw Error(label + ": tensor " + m.name + " appears in two anchor parts");
       a.bytes.push_back(file.bytes(file.at(m.name)));
       a.tensors.push_back(m);
+    }
+  }
+  if (!slice_parts.empty()) {
+    AssembledTensors whole = assemble_anchor_slices(slice_parts, label);
+    a.assembled = std::move(whole.storage);
+    for (size_t t = 0; t < whole.tensors.size(); ++t) {
+      if (!seen.insert(whole.tensors[t].name).second)
+        throw Error(label + ": tensor " + whole.tensors[t].name + " appears in two anchor parts");
+      a.bytes.push_back(a.assembled[t]);
+      a.tensors.push_back(std::move(whole.tensors[t]));
     }
   }
   // The audit an anchor deserves: one read of its bytes, before any of them is written anywhere.
@@ -162,9 +178,9 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
   }
   for (uint64_t v : plan.deltas) {
     const protocol::Manifest* m = catalog_.find(v);
-    if (!m || !m->delta) throw NotFoundError(store_.describe(protocol::manifest_key(v)) + ": delta version disappeared");
+    if (!m || !m->has_delta()) throw NotFoundError(store_.describe(protocol::manifest_key(v)) + ": delta version disappeared");
     chain.push_back(m);
-    objects.push_back(*m->delta);
+    for (const auto& o : protocol::delta_objects(*m)) objects.push_back(o);
   }
   // A failure of this rank's own (fetch, verification, parse) before a step reaches the weights
   // is the receiver's to hear of too: its other ranks may be waiting to agree on that step.
@@ -198,6 +214,21 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
     for (const auto& t : verified.tensors) report.applied_elements += t.numel();
   }
   for (const auto* m : chain) {
+    if (!m->delta_parts.empty()) {
+      // A shard-local publish: the parts combine into one delta's patches and promises.
+      std::vector<st::File> files;
+      CombinedDelta combined = before_weights([&] {
+        for (const auto& part : m->delta_parts)
+          files.push_back(st::File::from_bytes(std::move(fetched[next++]), store_.describe(part.object.key)));
+        return combine_delta_parts(*m, files, weights.tensors(), weights.host_bits());
+      });
+      const auto w0 = Clock::now();
+      report.applied_elements += weights.apply_patches(combined.patches, combined.digests, combined.relative, report.transfer);
+      report.pause_seconds += seconds_since(w0);
+      report.changed_elements += m->changed_elements;
+      report.deltas.push_back(m->version);
+      continue;
+    }
     const st::File file =
         before_weights([&] { return st::File::from_bytes(std::move(fetched[next++]), store_.describe(m->delta->key)); });
     const engine::DeltaToApply delta{&file, m->version, m->base_version};
@@ -227,10 +258,17 @@ std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> ta
     const std::vector<uint8_t> header = store_.get_range(part.key, 8, n);
     const auto j = nlohmann::json::parse(header.begin(), header.end(), nullptr, false);
     if (!j.is_object()) throw BadInputError(label + ": header is not a JSON object");
-    // Tensors in file order (by data offset), as the anchor holds them.
+    // Tensors in file order (by data offset), as the anchor holds them. A part of slices
+    // (sync/shard_parts.hpp) names each tensor's full shape in its placements; a tensor sliced
+    // over several parts is listed once.
+    nlohmann::json placements;
+    if (j.contains("__metadata__") && j["__metadata__"].is_object() && j["__metadata__"].contains(shard_keys::kPlacements) &&
+        j["__metadata__"][shard_keys::kPlacements].is_string())
+      placements = nlohmann::json::parse(j["__metadata__"][shard_keys::kPlacements].get<std::string>(), nullptr, false);
     std::vector<std::pair<uint64_t, TensorMeta>> entries;
     for (const auto& [name, v] : j.items()) {
       if (name == "__metadata__") continue;
+      if (placements.is_object() && std::any_of(out.begin(), out.end(), [&](const TensorMeta& m) { return m.name == name; })) continue;
       const bool ok = v.is_object() && v.contains("dtype") && v["dtype"].is_string() && v.contains("shape") &&
                       v["shape"].is_array() && v.contains("data_offsets") && v["data_offsets"].is_array() &&
                       v["data_offsets"].size() == 2 && v["data_offsets"][0].is_number_unsigned();
@@ -241,6 +279,16 @@ std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> ta
       for (const auto& d : v["shape"]) {
         if (!d.is_number_unsigned()) throw BadInputError(label + ": tensor " + name + " has a malformed shape");
         m.shape.push_back(d.get<uint64_t>());
+      }
+      if (placements.is_object()) {
+        const auto e = placements.find(name);
+        if (e == placements.end() || !e->is_object() || !e->contains("shape") || !(*e)["shape"].is_array())
+          throw BadInputError(label + ": tensor " + name + " has no placement entry");
+        m.shape.clear();
+        for (const auto& d : (*e)["shape"]) {
+          if (!d.is_number_unsigned()) throw BadInputError(label + ": tensor " + name + " has a malformed full shape");
+          m.shape.push_back(d.get<uint64_t>());
+        }
       }
       entries.emplace_back(v["data_offsets"][0].get<uint64_t>(), std::move(m));
     }

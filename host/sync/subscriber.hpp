@@ -113,6 +113,9 @@ struct VerifiedAnchor {
   std::vector<TensorMeta> tensors;
   std::vector<std::span<const uint8_t>> bytes;
   std::vector<uint64_t> digests;
+  // Full tensors assembled from anchor parts that hold slices (sync/shard_parts.hpp); `bytes`
+  // points into them for those tensors.
+  std::vector<std::vector<uint8_t>> assembled;
 };
 VerifiedAnchor verify_anchor(const protocol::Manifest& manifest, std::vector<std::vector<uint8_t>> parts,
                              const std::string& label);

@@ -196,6 +196,16 @@ DTENSOR_RANK = textwrap.dedent("""
         print("PUBLISHED", flush=True)
     except InvalidArgumentError as e:
         print("REFUSED", e, flush=True)
+    pub = deltasync.ShardedDeltaPublisher(model, store=sys.argv[1] + "-sharded")
+    pub.publish(0)
+    print("SHARDED PUBLISHED", flush=True)
+    from torch.distributed.tensor import Replicate, distribute_tensor
+    mesh2 = init_device_mesh("cpu", (1, dist.get_world_size()))
+    w = distribute_tensor(torch.zeros(4, 4, dtype=torch.bfloat16), mesh2, [Replicate(), Replicate()])
+    try:
+        deltasync.ShardedDeltaPublisher({"w": w}, store=sys.argv[1] + "-mesh2")
+    except ValueError as e:
+        print("SHARDED REFUSED", e, flush=True)
     dist.destroy_process_group()
 """)
 
@@ -206,7 +216,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_fsdp2_dtensor_parameters_are_refused_not_a_crash(tmp_path):
+def test_fsdp2_dtensor_parameters_are_refused_by_the_plain_publisher_and_taken_by_the_sharded_one(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(DTENSOR_RANK)
     port = free_port()
@@ -222,8 +232,12 @@ def test_fsdp2_dtensor_parameters_are_refused_not_a_crash(tmp_path):
         assert "param type DTensor" in out, out
         refusal = [line for line in out.splitlines() if line.startswith("REFUSED")]
         assert refusal == ["REFUSED deltasync.DeltaPublisher: tensor 0.weight is a DTensor (a tensor subclass), not a plain "
-                           "tensor: deltasync does not ship sharded (DTensor, FSDP2 fully_shard) parameters; publish plain "
-                           "tensors, e.g. full_tensor() copies on one rank"], out
+                           "tensor: pass plain tensors here; a sharded trainer (DTensor, FSDP2 fully_shard) publishes its "
+                           "shards with deltasync.ShardedDeltaPublisher on every rank"], out
+        # The sharded path takes them; what it cannot place (a 2-D mesh) is still refused.
+        assert "SHARDED PUBLISHED" in out, out
+        assert ("SHARDED REFUSED deltasync.ShardedDeltaPublisher: tensor w is on a 2-D device mesh; shard-local publish "
+                "takes 1-D meshes (FSDP2, or TP on one dimension)") in out, out
 
 
 def test_the_ops_refuse_sparse_and_quantized_tensors_with_one_line():

@@ -15,8 +15,8 @@ std::optional<std::string> unusable_reason(const at::Tensor& t, std::string_view
   if (!t.defined()) return "is undefined (None)";
   if (is_tensor_subclass(t))
     return "is " + std::string(subclass) +
-           ", not a plain tensor: deltasync does not ship sharded (DTensor, FSDP2 fully_shard) parameters; "
-           "publish plain tensors, e.g. full_tensor() copies on one rank";
+           ", not a plain tensor: pass plain tensors here; a sharded trainer (DTensor, FSDP2 fully_shard) "
+           "publishes its shards with deltasync.ShardedDeltaPublisher on every rank";
   if (t.is_meta()) return std::string("is a meta tensor (it has no data)");
   if (t.layout() != c10::kStrided) {
     std::ostringstream layout;

@@ -15,7 +15,7 @@ from ._library import has_cuda_ops, library_path
 
 __version__ = "0.1.0"
 
-__all__ = ["ops", "has_cuda_ops", "library_path", "DeltaPublisher", "DeltaSubscriber", "__version__"]
+__all__ = ["ops", "has_cuda_ops", "library_path", "DeltaPublisher", "ShardedDeltaPublisher", "DeltaSubscriber", "__version__"]
 
 
 def __getattr__(name):
@@ -24,6 +24,10 @@ def __getattr__(name):
         from .publisher import DeltaPublisher
 
         return DeltaPublisher
+    if name == "ShardedDeltaPublisher":
+        from .sharded import ShardedDeltaPublisher
+
+        return ShardedDeltaPublisher
     if name == "DeltaSubscriber":
         from .subscriber import DeltaSubscriber
 

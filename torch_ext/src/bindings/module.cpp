@@ -6,6 +6,7 @@ PYBIND11_MODULE(_deltasync_ops, m) {
   m.doc() = "deltasync native library: torch.ops.deltasync and the sync engine's Publisher/Subscriber";
   deltasync::torch_ext::bind_errors(m);
   deltasync::torch_ext::bind_publisher(m);
+  deltasync::torch_ext::bind_shard_publisher(m);
   deltasync::torch_ext::bind_subscriber(m);
   deltasync::torch_ext::bind_mapped_receiver(m);
   deltasync::torch_ext::bind_store_watcher(m);

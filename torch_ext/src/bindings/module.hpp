@@ -9,6 +9,7 @@ namespace deltasync::torch_ext {
 
 void bind_errors(pybind11::module_& m);
 void bind_publisher(pybind11::module_& m);
+void bind_shard_publisher(pybind11::module_& m);
 void bind_subscriber(pybind11::module_& m);
 void bind_mapped_receiver(pybind11::module_& m);
 void bind_store_watcher(pybind11::module_& m);

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..publisher import DeltaPublisher, PublishStats
+from ..sharded import ShardedDeltaPublisher, _dtensor_type
 from .engine import InferenceEngine
 
 
@@ -24,6 +25,10 @@ class WeightSyncReport(PublishStats):
     publish_seconds: float = 0.0  # inside the trainer: diff + staging, plus the wait for the upload when it waited
     pause_seconds: float | None = None  # engine paused (None: no engine, or not yet resumed)
     served_version: int | None = None  # what the engine serves after the update
+
+
+def _is_dtensor(t) -> bool:
+    return isinstance(t.data if isinstance(t, torch.nn.Parameter) else t, _dtensor_type())
 
 
 SyncReport = WeightSyncReport  # its earlier name, kept for callers (docs/torch.md)
@@ -62,7 +67,14 @@ class DeltaSync:
         engine is resumed unless resume=False (then call resume_engine())."""
         version = self.next_version if version is None else version
         started = time.perf_counter()
-        self._stage(tensors)
+        pairs = self._pairs(tensors)
+        if self.publisher is None and any(_is_dtensor(t) for _, t in pairs):
+            # A sharded trainer (FSDP2): every rank publishes its own shard, no full_tensor().
+            self.publisher = ShardedDeltaPublisher(pairs, self.store, **self.publisher_options)
+            self._model_bytes = sum(t.numel() * t.element_size() for _, t in pairs)
+        if isinstance(self.publisher, ShardedDeltaPublisher):
+            return self._publish_sharded(version, started, resume)
+        self._stage(pairs)
         stats = self.publisher.publish(version)
         self._last_version = version
         wait = self.engine is not None if wait is None else wait
@@ -83,6 +95,28 @@ class DeltaSync:
                 self.resume_engine()
         return report
 
+    def _publish_sharded(self, version: int, started: float, resume: bool) -> WeightSyncReport:
+        """Every rank: its part, committed once by the group. The engine (rank 0's) is updated
+        once the version is visible, which it is when publish() returns."""
+        outcome = self.publisher.publish(version)
+        self._last_version = version
+        report = WeightSyncReport(version=version, anchor=outcome["anchor"], visible=True,
+                                  changed_elements=outcome["changed_elements"], delta_bytes=outcome["delta_bytes"],
+                                  anchor_bytes=outcome["anchor_bytes"], model_bytes=self._model_bytes,
+                                  publish_seconds=time.perf_counter() - started)
+        self.reports.append(report)
+        if self.engine is not None and self.publisher.rank == 0:
+            self._paused_at = time.perf_counter()
+            self.engine.pause()
+            try:
+                report.served_version = self.engine.update(version)
+            except BaseException:
+                self.resume_engine()
+                raise
+            if resume:
+                self.resume_engine()
+        return report
+
     def resume_engine(self) -> None:
         if self.engine is None or self._paused_at is None:
             return
@@ -92,13 +126,13 @@ class DeltaSync:
 
     def flush(self) -> None:
         """Every published version visible in the store (the reports' upload figures filled in)."""
-        if self.publisher is not None:
+        if self.publisher is not None and not isinstance(self.publisher, ShardedDeltaPublisher):  # sharded: visible on return
             self.publisher.flush()
             self._refresh_reports()
 
     def close(self) -> None:
         try:
-            if self.publisher is not None:
+            if self.publisher is not None and not isinstance(self.publisher, ShardedDeltaPublisher):
                 self.publisher.close()
                 self._refresh_reports()
         finally:
@@ -118,7 +152,8 @@ class DeltaSync:
         for name in _STATS_FIELDS:
             setattr(report, name, getattr(stats, name))
 
-    def _stage(self, tensors) -> None:
+    @staticmethod
+    def _pairs(tensors) -> list:
         if isinstance(tensors, torch.nn.Module):
             pairs = list(tensors.named_parameters())
         elif isinstance(tensors, dict):
@@ -127,6 +162,9 @@ class DeltaSync:
             pairs = list(tensors) if isinstance(tensors, Iterable) else None
         if not pairs:
             raise ValueError("deltasync.trl: no tensors to publish")
+        return pairs
+
+    def _stage(self, pairs) -> None:
         if self.publisher is None:
             self._held = {name: t.detach() for name, t in pairs}
             self._model_bytes = sum(t.numel() * t.element_size() for t in self._held.values())

@@ -9,7 +9,9 @@ Version N is the weights after optimizer step N (version 0: the weights training
 an anchor). With an engine, each step waits until its version is visible and served (the
 engine paused only for the update); without one the upload overlaps the next step and
 receivers follow the store on their own. The callback must see the same parameters on every
-step: a single process, or rank 0 of a run whose parameters are whole there (not FSDP shards)."""
+step: a single process, rank 0 of a run whose parameters are whole there, or -- FSDP2
+(DTensor) parameters -- every rank, each publishing its own shard (deltasync.ShardedDeltaPublisher:
+no full_tensor(), one commit per step; an engine is driven by rank 0)."""
 from __future__ import annotations
 
 import logging
@@ -25,12 +27,12 @@ logger = logging.getLogger(__name__)
 def _policy(model):
     """The parameters a receiver loads: the trainable ones, under the names of the unwrapped model."""
     model = getattr(model, "module", model)  # DDP
-    pairs = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    sharded = [name for name, p in pairs if type(p.data).__name__ == "DTensor"]
-    if sharded:
-        raise ValueError(f"deltasync.trl.DeltaSyncCallback: parameter {sharded[0]} is an FSDP shard; the callback "
-                         "publishes whole parameters (one process or DDP)")
-    return pairs
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _sharded(pairs) -> bool:
+    """FSDP2 / DTensor parameters: every rank publishes its own shard (ShardedDeltaPublisher)."""
+    return any(type(p.data).__name__ == "DTensor" for _, p in pairs)
 
 
 class DeltaSyncCallback(TrainerCallback):
@@ -43,8 +45,9 @@ class DeltaSyncCallback(TrainerCallback):
         return self.sync.reports
 
     def _publish(self, state, model) -> None:
-        if state.is_world_process_zero:
-            self.sync.publish(_policy(model), version=state.global_step)
+        pairs = _policy(model)
+        if state.is_world_process_zero or _sharded(pairs):
+            self.sync.publish(pairs, version=state.global_step)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if getattr(args, "use_vllm", False):

@@ -1,0 +1,60 @@
+// Where a trainer rank's local shard sits in the full tensor: its flat elements (row-major,
+// local order) are the full tensor's flat positions
+//   first + r * run_stride + j     for run r < run_count, j < run_length,
+// in that order. One description covers every sharding a trainer hands us:
+//   - DTensor Shard(d) on any dimension (FSDP2's Shard(0) is one run; Shard(1) of a [R, C] tensor
+//     is R runs of the rank's columns), uneven as torch.chunk cuts it (trailing ranks may be empty);
+//   - a plain per-rank tensor with an explicit global offset (one run);
+//   - Replicate(): the whole tensor, published by the rank whose mesh coordinate is 0 only.
+// Positions map in O(1) each and stay ascending (run_stride >= run_length), so a shard's sorted
+// changed positions translate to sorted full positions in O(changed).
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace deltasync {
+
+struct Placement {
+  uint64_t first = 0;
+  uint64_t run_length = 0;
+  uint64_t run_stride = 0;
+  uint64_t run_count = 0;
+
+  uint64_t numel() const { return run_length * run_count; }
+  bool empty() const { return numel() == 0; }
+  // Full flat position of local element `local` (< numel()).
+  uint64_t full_position(uint64_t local) const {
+    return first + (local / run_length) * run_stride + local % run_length;
+  }
+  // True when full position `position` is one of the shard's.
+  bool contains(uint64_t position) const;
+  // One past the last full position covered (first for an empty shard).
+  uint64_t end() const { return empty() ? first : first + (run_count - 1) * run_stride + run_length; }
+  bool operator==(const Placement&) const = default;
+};
+
+// The whole tensor of `numel` elements (also Replicate()).
+Placement whole_placement(uint64_t numel);
+// A contiguous shard of `numel` elements starting at full flat position `offset`.
+Placement offset_placement(uint64_t offset, uint64_t numel);
+// Rank `index` of `parts` of a Shard(dim) of a tensor of `shape`, cut as torch.chunk does: each
+// part gets ceil(size / parts) rows of dimension `dim`, the last non-empty one the rest, the ones
+// after it none. Throws Error for a dim out of range or index >= parts.
+Placement shard_placement(std::span<const uint64_t> shape, size_t dim, uint64_t index, uint64_t parts);
+// Full positions of ascending local positions, in place (ascending stays ascending). Throws
+// Error naming `tensor` for a position outside the shard.
+void to_full_positions(std::span<int64_t> positions, const Placement& placement, const std::string& tensor);
+
+// "[first, run_length, run_stride, run_count]" (manifests, receipts, anchor metadata).
+std::string placement_text(const Placement& placement);
+
+// The placements of one tensor's parts (one per rank or part) tile its `numel` flat positions
+// exactly: every position covered once. Throws BadInputError("LABEL: tensor NAME: parts A and B
+// overlap at position P" / "...: no part covers positions P..Q") otherwise. `part_names[k]` names
+// placements[k] in the message. O(runs log runs).
+void check_tiling(std::span<const Placement> placements, std::span<const std::string> part_names, uint64_t numel,
+                  const std::string& tensor, const std::string& label);
+
+}  // namespace deltasync

@@ -1,0 +1,249 @@
+#include "sync/shard_parts.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "codec/compact_two_phase.hpp"
+#include "codec/delta_io.hpp"
+#include "codec/digest.hpp"
+#include "core/error.hpp"
+#include "engine/engine.hpp"
+#include "format/model_version.hpp"
+
+namespace deltasync {
+namespace {
+
+using json = nlohmann::json;
+
+uint64_t index_at(const PatchRef& p, uint64_t k) {
+  if (p.index_width == 4) return static_cast<uint64_t>(static_cast<const int32_t*>(p.indices)[k]);
+  return static_cast<uint64_t>(static_cast<const int64_t*>(p.indices)[k]);
+}
+
+}  // namespace
+
+json placement_to_json(const Placement& p) { return json::array({p.first, p.run_length, p.run_stride, p.run_count}); }
+
+std::optional<Placement> placement_from_json(const json& j) {
+  if (!j.is_array() || j.size() != 4 || !std::all_of(j.begin(), j.end(), [](const json& x) { return x.is_number_unsigned(); }))
+    return std::nullopt;
+  return Placement{j[0].get<uint64_t>(), j[1].get<uint64_t>(), j[2].get<uint64_t>(), j[3].get<uint64_t>()};
+}
+
+CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<const st::File> files,
+                                  std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base_bits) {
+  const std::string label = "version " + std::to_string(manifest.version);
+  const auto& parts = manifest.delta_parts;
+  if (files.size() != parts.size())
+    throw Error(label + ": " + std::to_string(files.size()) + " delta part files for " + std::to_string(parts.size()) + " parts");
+  const size_t T = base_meta.size();
+  std::map<std::string, size_t, std::less<>> index;
+  for (size_t t = 0; t < T; ++t) index.emplace(base_meta[t].name, t);
+
+  // 1. The parts tile every tensor exactly.
+  std::vector<std::vector<Placement>> held(T, std::vector<Placement>(parts.size()));
+  std::vector<std::string> part_names;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    part_names.push_back("part " + parts[k].object.key);
+    for (const auto& [name, pl] : parts[k].placements) {
+      auto it = index.find(name);
+      if (it == index.end()) throw BadInputError(label + ": " + part_names[k] + " covers tensor " + name + ", which the model lacks");
+      held[it->second][k] = pl;
+    }
+  }
+  for (size_t t = 0; t < T; ++t) check_tiling(held[t], part_names, base_meta[t].numel(), base_meta[t].name, label);
+
+  // 2. Each part resolved and checked against its manifest entry.
+  std::vector<ResolvedDelta> resolved(parts.size());
+  std::vector<integrity::DeltaDigests> promises(parts.size());
+  std::vector<integrity::DigestMap> unchanged(parts.size());
+  const engine::DeltaToApply entry{nullptr, manifest.version, manifest.base_version};
+  bool out_relative = false;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const st::File& file = files[k];
+    if (base_bits.empty() && compact::is_compact_delta(file)) {
+      if (k > 0 && !out_relative) throw BadInputError(file.label() + ": a compact part among parts of another layout");
+      out_relative = true;
+      resolved[k].patches = compact::decode_compact_delta_unbased(file, base_meta, resolved[k].decoded);
+      resolved[k].info = resolved[k].decoded.info;
+    } else if (base_bits.empty()) {
+      if (out_relative) throw BadInputError(file.label() + ": a part of another layout among compact parts");
+      resolve_trl_delta(file, base_meta, resolved[k]);
+    } else {
+      resolve_delta(file, base_meta, base_bits, resolved[k]);
+    }
+    engine::DeltaToApply mine = entry;
+    mine.file = &file;
+    promises[k] = engine::delta_promises(mine, resolved[k].info);
+    if (auto u = integrity::read_digest_map(resolved[k].info.extra, shard_keys::kUnchangedDigests, file.label())) unchanged[k] = *u;
+    for (size_t t = 0; t < T; ++t) {
+      const PatchRef& p = resolved[k].patches[t];
+      for (uint64_t i = 0; i < p.count; ++i)
+        if (!held[t][k].contains(index_at(p, i)))
+          throw BadInputError(file.label() + ": changes tensor " + base_meta[t].name + " at position " + std::to_string(index_at(p, i)) +
+                              ", outside the placement " + placement_text(held[t][k]) + " its manifest entry gives it");
+    }
+  }
+
+  // 3. Per tensor: the parts' changes merged in position order, and the partials summed.
+  CombinedDelta out;
+  out.relative = out_relative;
+  out.digests.model_version = manifest.version;
+  out.digests.base_version = manifest.base_version;
+  out.patches.resize(T);
+  out.positions.resize(T);
+  out.values.resize(T);
+  for (size_t t = 0; t < T; ++t) {
+    const uint32_t w = base_meta[t].width();
+    struct Ref {
+      uint64_t position;
+      size_t part;
+      uint64_t k;
+    };
+    std::vector<Ref> refs;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const PatchRef& p = resolved[k].patches[t];
+      for (uint64_t i = 0; i < p.count; ++i) refs.push_back(Ref{index_at(p, i), k, i});
+    }
+    if (refs.empty()) continue;
+    std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.position < b.position; });
+    for (size_t i = 1; i < refs.size(); ++i)
+      if (refs[i].position == refs[i - 1].position)
+        throw BadInputError(label + ": " + part_names[refs[i - 1].part] + " and " + part_names[refs[i].part] + " both change tensor " +
+                            base_meta[t].name + " at position " + std::to_string(refs[i].position));
+    auto& pos = out.positions[t];
+    auto& val = out.values[t];
+    pos.reserve(refs.size());
+    val.resize(refs.size() * w);
+    for (size_t i = 0; i < refs.size(); ++i) {
+      pos.push_back(static_cast<int64_t>(refs[i].position));
+      const PatchRef& p = resolved[refs[i].part].patches[t];
+      std::memcpy(val.data() + i * w, static_cast<const uint8_t*>(p.values) + refs[i].k * w, w);
+    }
+    out.patches[t] = PatchRef{pos.size(), pos.data(), 8, val.data(), w};
+    out.changed_elements += pos.size();
+    uint64_t base = 0, result = 0;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (held[t][k].empty()) continue;
+      const std::string& name = base_meta[t].name;
+      auto b = promises[k].base.find(name);
+      if (b != promises[k].base.end()) {
+        base += b->second;
+        result += promises[k].result.at(name);
+        continue;
+      }
+      auto u = unchanged[k].find(name);
+      if (u == unchanged[k].end())
+        throw BadInputError(files[k].label() + ": holds tensor " + name + " but records no digest for it (the other parts change it)");
+      base += u->second;
+      result += u->second;
+    }
+    out.digests.base.emplace(base_meta[t].name, base);
+    out.digests.result.emplace(base_meta[t].name, result);
+  }
+  return out;
+}
+
+std::vector<uint8_t> serialize_anchor_slices(std::span<const TensorMeta> tensors, std::span<const Placement> placements,
+                                             std::span<const std::span<const uint8_t>> local, uint64_t version,
+                                             const std::string& part_label) {
+  std::vector<st::WriteTensor> write;
+  json where = json::object();
+  integrity::DigestMap digests;
+  std::vector<ConstTensorRef> refs;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const TensorMeta& m = tensors[k];
+    refs.push_back(ConstTensorRef{m.name, local[k].data(), placements[k].numel(), m.width()});
+    write.push_back(st::WriteTensor{m.name, m.dtype, {placements[k].numel()}, local[k]});
+    const Placement& p = placements[k];
+    where[m.name] = json{{"shape", m.shape}, {"placement", placement_to_json(p)}};
+  }
+  const std::vector<uint64_t> partials = digest_placed_tensors(refs, placements);
+  for (size_t k = 0; k < tensors.size(); ++k) digests.emplace(tensors[k].name, partials[k]);
+  st::Metadata md{{"sparse", "False"}, {"format", "anchor"}, {"model_version", std::to_string(version)}, {"anchor_part", part_label},
+                  {shard_keys::kPlacements, where.dump()}};
+  integrity::put_digest_map(md, shard_keys::kSliceDigests, digests);
+  return st::serialize(write, md);
+}
+
+bool holds_anchor_slices(const st::File& file) { return file.metadata().contains(shard_keys::kPlacements); }
+
+AssembledTensors assemble_anchor_slices(std::span<const st::File* const> parts, const std::string& label) {
+  struct Slice {
+    const st::File* file;
+    const st::TensorInfo* info;
+    Placement placement;
+  };
+  struct Whole {
+    TensorMeta meta;
+    std::vector<Slice> slices;
+  };
+  std::vector<Whole> wholes;
+  std::map<std::string, size_t> at;
+  for (const st::File* file : parts) {
+    const std::string& where = file->label();
+    json j = json::parse(file->metadata().at(shard_keys::kPlacements), nullptr, false);
+    if (!j.is_object()) throw BadInputError(where + ": metadata placements is not a JSON object");
+    const auto recorded = integrity::read_digest_map(file->metadata(), shard_keys::kSliceDigests, where);
+    if (!recorded) throw BadInputError(where + ": anchor slices without slice_digests");
+    std::vector<ConstTensorRef> refs;
+    std::vector<Placement> placements;
+    for (const st::TensorInfo& ti : file->tensors()) {
+      auto e = j.find(ti.name);
+      const bool ok = e != j.end() && e->is_object() && e->contains("shape") && (*e)["shape"].is_array() && e->contains("placement");
+      if (!ok) throw BadInputError(where + ": tensor " + ti.name + " has no placement entry");
+      TensorMeta meta{ti.name, ti.dtype, {}};
+      for (const auto& d : (*e)["shape"]) {
+        if (!d.is_number_unsigned()) throw BadInputError(where + ": tensor " + ti.name + " has a malformed full shape");
+        meta.shape.push_back(d.get<uint64_t>());
+      }
+      const std::optional<Placement> parsed = placement_from_json((*e)["placement"]);
+      if (!parsed) throw BadInputError(where + ": tensor " + ti.name + " has a malformed placement");
+      const Placement pl = *parsed;
+      if (ti.numel() != pl.numel())
+        throw BadInputError(where + ": tensor " + ti.name + " holds " + std::to_string(ti.numel()) + " elements, its placement " +
+                            placement_text(pl) + " " + std::to_string(pl.numel()));
+      auto [it, fresh] = at.emplace(ti.name, wholes.size());
+      if (fresh) wholes.push_back(Whole{meta, {}});
+      Whole& w = wholes[it->second];
+      if (w.meta.dtype != meta.dtype || w.meta.shape != meta.shape)
+        throw BadInputError(where + ": tensor " + ti.name + " is " + std::string(dtype_name(meta.dtype)) + shape_text(meta.shape) +
+                            " here, " + std::string(dtype_name(w.meta.dtype)) + shape_text(w.meta.shape) + " in another part");
+      w.slices.push_back(Slice{file, &ti, pl});
+      refs.push_back(ConstTensorRef{ti.name, file->bytes(ti).data(), ti.numel(), dtype_width(ti.dtype)});
+      placements.push_back(pl);
+    }
+    // Each slice's bytes are what its tensor table and digests say.
+    const std::vector<uint64_t> partials = digest_placed_tensors(refs, placements);
+    for (size_t k = 0; k < refs.size(); ++k) {
+      auto r = recorded->find(refs[k].name);
+      if (r == recorded->end() || r->second != partials[k])
+        throw BadInputError(where + ": slice of tensor " + std::string(refs[k].name) + " does not match its recorded digest");
+    }
+  }
+  AssembledTensors out;
+  for (Whole& w : wholes) {
+    std::vector<Placement> pls;
+    std::vector<std::string> names;
+    for (const Slice& s : w.slices) {
+      pls.push_back(s.placement);
+      names.push_back("part " + s.file->label());
+    }
+    check_tiling(pls, names, w.meta.numel(), w.meta.name, label);
+    const uint32_t width = w.meta.width();
+    std::vector<uint8_t> full(w.meta.numel() * width);
+    for (const Slice& s : w.slices) {
+      const uint8_t* src = s.file->bytes(*s.info).data();
+      const Placement& p = s.placement;
+      for (uint64_t r = 0; r < p.run_count; ++r)
+        std::memcpy(full.data() + (p.first + r * p.run_stride) * width, src + r * p.run_length * width, p.run_length * width);
+    }
+    out.tensors.push_back(std::move(w.meta));
+    out.storage.push_back(std::move(full));
+  }
+  return out;
+}
+
+}  // namespace deltasync

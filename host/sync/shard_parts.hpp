@@ -1,0 +1,84 @@
+// The files of a shard-local publish (sync/shard_publish.hpp) and how readers put them together.
+//
+// Delta part: an ordinary delta file (any layout) whose tensor table names the full tensors with
+// their full shapes and whose positions are full-tensor positions; its base/result digests are
+// the rank's partials over the positions it holds (sums mod 2^64 of the same terms, so the parts'
+// partials add up to the full digests). Extra metadata key:
+//   unchanged_digests  {tensor: partial digest} of the tensors the rank holds but did not change
+//                      (the other ranks may have changed them: their base needs every partial)
+// Anchor part holding slices: each tensor the rank holds, as its local elements (1-D), with
+//   placements     {tensor: {"shape": [full shape], "placement": [first, run_length, run_stride,
+//                  run_count]}}
+//   slice_digests  {tensor: partial digest of the slice, in full positions}
+// A reader never needs to know the sharding: combine_delta_parts turns a version's parts into
+// the patches and promises of one delta, and assemble_anchor_slices the slices into full tensors.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/placement.hpp"
+#include "core/tensor_meta.hpp"
+#include "engine/integrity.hpp"
+#include "format/safetensors.hpp"
+#include "sync/protocol.hpp"
+
+namespace deltasync {
+
+namespace shard_keys {
+inline constexpr const char* kUnchangedDigests = "unchanged_digests";
+inline constexpr const char* kPlacements = "placements";
+inline constexpr const char* kSliceDigests = "slice_digests";
+}  // namespace shard_keys
+
+// A placement as manifests, receipts and anchor metadata write it: [first, run_length,
+// run_stride, run_count]. Reading gives nullopt for anything but 4 non-negative integers.
+nlohmann::json placement_to_json(const Placement& placement);
+std::optional<Placement> placement_from_json(const nlohmann::json& j);
+
+// One version's delta as the verified apply takes it: patches[t] for base tensor t (positions
+// ascending, int64), pointing into this object's own storage.
+struct CombinedDelta {
+  integrity::DeltaDigests digests;
+  // Compact parts decoded without host base bits (compact_two_phase.hpp): values are "unbased",
+  // to be rebased on the receiver's current bits at the same positions where those live.
+  bool relative = false;
+  std::vector<PatchRef> patches;
+  uint64_t changed_elements = 0;
+  std::vector<std::vector<int64_t>> positions;
+  std::vector<std::vector<uint8_t>> values;
+};
+
+// Combines the delta parts of `manifest` (files[k] is manifest.delta_parts[k]'s bytes, SHA-checked)
+// for a receiver holding `base_meta`. `base_bits` are the receiver's current bits in host memory
+// (compact parts code values relative to them); empty when the weights are elsewhere: compact
+// parts are then decoded unbased (`relative`), for the receiver to rebase where its bits live. Checks, each a BadInputError naming the tensor and part:
+// the parts' placements tile every tensor exactly (no overlap, no gap, no tensor the model
+// lacks); every part's file matches its manifest entry (versions, digests present; its positions
+// inside its placement); no two parts change one position; every part that holds a changed
+// tensor records its partial. Base and result promises are the sums of the parts' partials.
+CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<const st::File> files,
+                                  std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base_bits);
+
+// One rank's anchor part: its slices of the tensors it holds. local[k] holds the elements of
+// tensors[k] at placements[k] (numel equal). Returns the file's bytes.
+std::vector<uint8_t> serialize_anchor_slices(std::span<const TensorMeta> tensors, std::span<const Placement> placements,
+                                             std::span<const std::span<const uint8_t>> local, uint64_t version,
+                                             const std::string& part_label);
+// True when an anchor part holds slices (its metadata has `placements`).
+bool holds_anchor_slices(const st::File& file);
+
+// Full tensors assembled from the slices of several anchor parts (held in `storage`).
+struct AssembledTensors {
+  std::vector<TensorMeta> tensors;
+  std::vector<std::vector<uint8_t>> storage;
+};
+// Every slice's digest is checked against its slice_digests entry, the dtype and full shape of a
+// tensor must agree across parts, and its slices must tile it (check_tiling). Throws
+// BadInputError("LABEL: ...") naming the tensor and part.
+AssembledTensors assemble_anchor_slices(std::span<const st::File* const> parts, const std::string& label);
+
+}  // namespace deltasync

@@ -1,0 +1,450 @@
+// Shard-local publish: placements (torch.chunk cuts on any dimension), digests of shards in full
+// positions, the receipts' checks at commit, and readers combining a version's parts -- a model
+// published by 4 ranks reads exactly like one published by 1.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+
+#include "codec/digest.hpp"
+#include "core/placement.hpp"
+#include "engine/cpu_sync_engine.hpp"
+#include "store/store.hpp"
+#include "sync/mapped_receiver.hpp"
+#include "sync/shard_parts.hpp"
+#include "sync/shard_publish.hpp"
+#include "sync/subscriber.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using namespace deltasync;
+
+// Rows of torch.chunk(size, parts)[index], brute force.
+std::vector<uint64_t> chunk_rows(uint64_t size, uint64_t parts, uint64_t index) {
+  const uint64_t chunk = (size + parts - 1) / parts;
+  std::vector<uint64_t> rows;
+  for (uint64_t r = chunk * index; r < std::min(size, chunk * (index + 1)); ++r) rows.push_back(r);
+  return rows;
+}
+
+// Full flat positions of a Shard(dim) part in local row-major order, brute force.
+std::vector<uint64_t> shard_positions(const std::vector<uint64_t>& shape, size_t dim, uint64_t parts, uint64_t index) {
+  std::vector<uint64_t> out;
+  const auto rows = chunk_rows(shape[dim], parts, index);
+  uint64_t numel = 1;
+  for (uint64_t d : shape) numel *= d;
+  std::vector<uint64_t> coord(shape.size(), 0);
+  for (uint64_t p = 0; p < numel; ++p) {
+    uint64_t rest = p;
+    for (size_t d = shape.size(); d-- > 0;) {
+      coord[d] = rest % shape[d];
+      rest /= shape[d];
+    }
+    if (std::find(rows.begin(), rows.end(), coord[dim]) != rows.end()) out.push_back(p);
+  }
+  return out;  // row-major order of the full tensor == row-major order of the local shard
+}
+
+TEST(Placement, ShardOnEveryDimensionMatchesTorchChunk) {
+  const std::vector<std::vector<uint64_t>> shapes{{10, 3}, {2, 3}, {4, 6}, {3, 5, 7}, {1, 9}, {5}};
+  for (const auto& shape : shapes) {
+    for (size_t dim = 0; dim < shape.size(); ++dim) {
+      for (uint64_t parts : {1u, 2u, 3u, 4u, 8u}) {
+        uint64_t numel = 1;
+        for (uint64_t d : shape) numel *= d;
+        std::vector<Placement> all;
+        std::vector<std::string> names;
+        for (uint64_t i = 0; i < parts; ++i) {
+          const Placement p = shard_placement(shape, dim, i, parts);
+          const auto want = shard_positions(shape, dim, parts, i);
+          ASSERT_EQ(p.numel(), want.size()) << shape_text(shape) << " dim " << dim << " part " << i << "/" << parts;
+          for (uint64_t k = 0; k < want.size(); ++k) {
+            ASSERT_EQ(p.full_position(k), want[k]);
+            ASSERT_TRUE(p.contains(want[k]));
+          }
+          all.push_back(p);
+          names.push_back("rank " + std::to_string(i));
+        }
+        EXPECT_NO_THROW(check_tiling(all, names, numel, "w", "test"));
+      }
+    }
+  }
+  // torch.chunk leaves trailing parts empty: 2 rows over 4 ranks.
+  EXPECT_TRUE(shard_placement(std::vector<uint64_t>{2, 3}, 0, 3, 4).empty());
+  EXPECT_THROW(shard_placement(std::vector<uint64_t>{2, 3}, 2, 0, 4), Error);
+}
+
+TEST(Placement, TilingRefusesOverlapAndGap) {
+  const std::vector<std::string> names{"rank 0", "rank 1"};
+  std::vector<Placement> overlap{offset_placement(0, 6), offset_placement(5, 5)};
+  EXPECT_EQ(error_message([&] { check_tiling(overlap, names, 10, "layer.w", "version 3"); }),
+            "version 3: tensor layer.w: rank 0 and rank 1 overlap at position 5");
+  std::vector<Placement> gap{offset_placement(0, 4), offset_placement(6, 4)};
+  EXPECT_EQ(error_message([&] { check_tiling(gap, names, 10, "layer.w", "version 3"); }),
+            "version 3: tensor layer.w: no part covers positions 4..5");
+  std::vector<Placement> short_tail{offset_placement(0, 4), offset_placement(4, 4)};
+  EXPECT_EQ(error_message([&] { check_tiling(short_tail, names, 10, "layer.w", "version 3"); }),
+            "version 3: tensor layer.w: no part covers positions 8..9");
+  std::vector<int64_t> local{0, 2, 3};
+  to_full_positions(local, Placement{1, 2, 6, 2}, "w");
+  EXPECT_EQ(local, (std::vector<int64_t>{1, 7, 8}));
+}
+
+TEST(Placement, ShardDigestsAddUpToTheFullDigest) {
+  const std::vector<uint64_t> shape{37, 29};
+  const auto bits = random_bytes(37 * 29 * 2, 11);
+  const ConstTensorRef whole{"w", bits.data(), 37 * 29, 2};
+  const uint64_t full = digest_tensors(std::span(&whole, 1))[0];
+  for (size_t dim : {0u, 1u}) {
+    uint64_t sum = 0;
+    for (uint64_t i = 0; i < 3; ++i) {
+      const Placement p = shard_placement(shape, dim, i, 3);
+      std::vector<uint8_t> local(p.numel() * 2);
+      for (uint64_t k = 0; k < p.numel(); ++k) std::memcpy(&local[k * 2], &bits[p.full_position(k) * 2], 2);
+      const ConstTensorRef ref{"w", local.data(), p.numel(), 2};
+      sum += digest_placed_tensors(std::span(&ref, 1), std::span(&p, 1))[0];
+    }
+    EXPECT_EQ(sum, full) << "Shard(" << dim << ")";
+  }
+}
+
+// ---- a sharded trainer in one process -------------------------------------------------------
+
+struct Layout {
+  std::vector<uint64_t> shape;
+  DType dtype;
+  int dim;  // >= 0: Shard(dim); -1: Replicate()
+};
+
+struct World {
+  std::vector<TensorMeta> meta;
+  std::vector<Layout> layout;
+  std::vector<std::vector<uint8_t>> full;  // the trainer's weights as a whole (the test's view)
+  std::vector<std::unique_ptr<ShardPublisher>> ranks;
+  std::shared_ptr<Store> store;
+
+  Placement placement(size_t t, uint64_t rank) const {
+    const uint64_t n = ranks.size();
+    if (layout[t].dim < 0) return rank == 0 ? whole_placement(meta[t].numel()) : Placement{};
+    return shard_placement(meta[t].shape, static_cast<size_t>(layout[t].dim), rank, n);
+  }
+
+  World(std::shared_ptr<Store> s, std::vector<Layout> l, uint64_t world, std::string format) : layout(std::move(l)), store(std::move(s)) {
+    for (size_t t = 0; t < layout.size(); ++t) {
+      meta.push_back(TensorMeta{"layers." + std::to_string(t) + ".weight", layout[t].dtype, layout[t].shape});
+      full.push_back(random_bytes(meta[t].numel() * meta[t].width(), 100 + t));
+    }
+    PublisherOptions o;
+    o.delta_format = format;
+    o.anchor_every = 4;
+    o.anchor_share = 0;  // anchors by count only: versions 1 and 5
+    ranks.resize(world);
+    for (uint64_t r = 0; r < world; ++r) {
+      std::vector<ShardTensor> tensors;
+      for (size_t t = 0; t < meta.size(); ++t) tensors.push_back(ShardTensor{meta[t], placement(t, r)});
+      ranks[r] = std::make_unique<ShardPublisher>(store, tensors, r, std::make_unique<engine::CpuSyncEngine>(), o);
+    }
+  }
+
+  // Rank r's local copy of every tensor (what to_local() gives a trainer).
+  std::vector<std::vector<uint8_t>> local(uint64_t r) const {
+    std::vector<std::vector<uint8_t>> out;
+    for (size_t t = 0; t < meta.size(); ++t) {
+      const Placement p = placement(t, r);
+      const uint32_t w = meta[t].width();
+      std::vector<uint8_t> bytes(p.numel() * w);
+      for (uint64_t k = 0; k < p.numel(); ++k) std::memcpy(&bytes[k * w], &full[t][p.full_position(k) * w], w);
+      out.push_back(std::move(bytes));
+    }
+    return out;
+  }
+
+  // A sparse "optimizer step": about 1 in 7 elements gets new bits.
+  void step(uint64_t seed) {
+    for (size_t t = 0; t < meta.size(); ++t) {
+      const auto noise = random_bytes(full[t].size(), seed * 31 + t);
+      const uint32_t w = meta[t].width();
+      for (uint64_t i = 0; i < meta[t].numel(); ++i)
+        if (noise[i * w] % 7 == 0) std::memcpy(&full[t][i * w], &noise[i * w], w);
+    }
+  }
+
+  std::vector<PartReceipt> publish_parts(uint64_t version) {
+    std::vector<PartReceipt> receipts;
+    const bool anchor = ranks[0]->anchor_due(version);
+    for (uint64_t r = 0; r < ranks.size(); ++r) {
+      EXPECT_EQ(ranks[r]->anchor_due(version), anchor);
+      const auto bytes = local(r);
+      std::vector<ConstTensorRef> refs;
+      for (size_t t = 0; t < meta.size(); ++t) refs.push_back(ConstTensorRef{meta[t].name, bytes[t].data(), bytes[t].size() / meta[t].width(), meta[t].width()});
+      receipts.push_back(ranks[r]->publish_part(version, refs, anchor));
+    }
+    return receipts;
+  }
+
+  CommitOutcome publish(uint64_t version) {
+    auto receipts = publish_parts(version);
+    // Through the wire form, as the gather carries them.
+    std::vector<PartReceipt> gathered;
+    for (const auto& r : receipts) gathered.push_back(receipt_from_json(receipt_to_json(r), "receipt"));
+    const CommitOutcome outcome = commit_parts(*store, gathered, ranks[0]->state().last_anchor_version);
+    const CommitOutcome heard = outcome_from_json(outcome_to_json(outcome), "outcome");
+    for (auto& r : ranks) r->conclude(heard);
+    return outcome;
+  }
+};
+
+void expect_same_bits(const HostModel& model, const World& w) {
+  ASSERT_EQ(model.tensors.size(), w.meta.size());
+  for (size_t t = 0; t < w.meta.size(); ++t) {
+    EXPECT_EQ(model.tensors[t].name, w.meta[t].name);
+    EXPECT_EQ(model.tensors[t].shape, w.meta[t].shape);
+    EXPECT_TRUE(model.data[t] == w.full[t]) << w.meta[t].name;
+  }
+}
+
+std::vector<Layout> mixed_layout() {
+  return {{{10, 6}, DType::BF16, 0},   // FSDP2's Shard(0), uneven over 4 ranks
+          {{2, 5}, DType::BF16, 0},    // 2 rows over 4 ranks: two empty shards
+          {{6, 9}, DType::F32, 1},     // Shard(1)
+          {{3, 4, 5}, DType::F16, 2},  // Shard on the last dimension
+          {{7}, DType::BF16, -1}};     // Replicate(): rank 0 publishes it
+}
+
+class ShardPublish : public ::testing::TestWithParam<std::tuple<uint64_t, std::string>> {};
+
+TEST_P(ShardPublish, ReadersStayBitIdenticalAtEveryVersion) {
+  const auto [world_size, format] = GetParam();
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), world_size, format);
+  auto reader_store = open_store(dir.path().string());
+  Subscriber sub(*reader_store);
+  HostModel follower;
+  for (uint64_t v = 1; v <= 7; ++v) {
+    if (v > 1) w.step(v);
+    const CommitOutcome out = w.publish(v);
+    ASSERT_TRUE(out.committed) << out.error;
+    protocol::Catalog catalog(*reader_store);
+    const protocol::Manifest* m = catalog.find(v);
+    ASSERT_NE(m, nullptr);
+    if (v > 1) {
+      // One part is the single form; several are listed with their placements.
+      EXPECT_EQ(m->delta.has_value(), world_size == 1);
+      EXPECT_EQ(m->delta_parts.size(), world_size == 1 ? 0u : world_size);
+    }
+    EXPECT_EQ(out.anchor, v == 1 || v == 5);
+    auto report = sub.sync(follower);
+    EXPECT_EQ(report.to, v);
+    if (v > 1 && v != 5) EXPECT_FALSE(report.plan.anchor_version) << "version " << v << " should be reached by its delta";
+    expect_same_bits(follower, w);
+    // The manifest's digests are the sums of every rank's partials: a fresh full digest agrees.
+    HostModel copy = follower;
+    copy.compute_digests();
+    for (size_t t = 0; t < w.meta.size(); ++t) EXPECT_EQ(m->digests.at(w.meta[t].name), digest_to_hex(copy.digests[t]));
+  }
+  // What a receiver learns of the model from the anchor's headers alone: the full tensors.
+  std::vector<TensorMeta> published = sub.published_tensors(std::nullopt);
+  std::sort(published.begin(), published.end(), [](const TensorMeta& a, const TensorMeta& b) { return a.name < b.name; });
+  ASSERT_EQ(published.size(), w.meta.size());
+  for (size_t t = 0; t < w.meta.size(); ++t) {
+    EXPECT_EQ(published[t].name, w.meta[t].name);
+    EXPECT_EQ(published[t].shape, w.meta[t].shape);
+  }
+  // A late reader starts from the newest anchor's slices and the deltas after it.
+  HostModel late;
+  Subscriber late_sub(*reader_store);
+  late_sub.sync(late);
+  expect_same_bits(late, w);
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndLayouts, ShardPublish,
+                         ::testing::Combine(::testing::Values(1u, 2u, 4u), ::testing::Values("compact", "trl")));
+
+TEST(ShardCommit, AFailedRankCommitsNothingAndTheNextVersionIsAnAnchor) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 4, "compact");
+  ASSERT_TRUE(w.publish(1).committed);
+  w.step(2);
+  auto receipts = w.publish_parts(2);
+  receipts[2] = failed_receipt(2, 2, "injected failure");
+  const CommitOutcome out = commit_parts(*w.store, receipts, 1);
+  EXPECT_FALSE(out.committed);
+  EXPECT_EQ(out.error, "version 2: rank 2 failed: injected failure");
+  for (auto& r : w.ranks) r->conclude(out);
+  EXPECT_FALSE(w.store->head(protocol::manifest_key(2)));
+  EXPECT_EQ(protocol::read_latest(*w.store), 1u);
+  // Every rank decides alike: the next version restarts from an anchor.
+  for (auto& r : w.ranks) EXPECT_TRUE(r->anchor_due(3));
+  w.step(3);
+  ASSERT_TRUE(w.publish(3).committed);
+  HostModel follower;
+  Subscriber sub(*w.store);
+  EXPECT_EQ(sub.sync(follower).to, 3u);
+  expect_same_bits(follower, w);
+  w.step(4);
+  ASSERT_TRUE(w.publish(4).committed);
+  EXPECT_FALSE(sub.sync(follower).plan.anchor_version);
+  expect_same_bits(follower, w);
+}
+
+TEST(ShardCommit, RefusesDisagreeingRanksOverlapsGapsAndMissingParts) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  ASSERT_TRUE(w.publish(1).committed);
+  w.step(2);
+  const auto good = w.publish_parts(2);
+  auto refused = [&](std::vector<PartReceipt> receipts) {
+    const CommitOutcome out = commit_parts(*w.store, receipts, 1);
+    EXPECT_FALSE(out.committed);
+    EXPECT_FALSE(w.store->head(protocol::manifest_key(2)));
+    return out.error;
+  };
+  auto shape = good;
+  shape[1].tensors[0].shape = {11, 6};
+  EXPECT_EQ(refused(shape), "version 2: rank 1 reports tensor layers.0.weight as BF16[11, 6], rank 0 as BF16[10, 6]");
+  auto dtype = good;
+  dtype[1].tensors[2].dtype = DType::BF16;
+  EXPECT_EQ(refused(dtype), "version 2: rank 1 reports tensor layers.2.weight as BF16[6, 9], rank 0 as F32[6, 9]");
+  auto overlap = good;
+  overlap[1].tensors[0].placement = offset_placement(24, 36);  // rank 0 holds 0..29
+  EXPECT_EQ(refused(overlap), "version 2: tensor layers.0.weight: rank 0 and rank 1 overlap at position 24");
+  auto gap = good;
+  gap[1].tensors[4].placement = Placement{};  // nobody but rank 0 held it: still whole
+  EXPECT_NO_THROW(manifest_from_receipts(gap, 1));
+  gap[0].tensors[4].placement = Placement{};
+  EXPECT_EQ(refused(gap), "version 2: tensor layers.4.weight: no part covers positions 0..6");
+  auto missing = good;
+  w.store->remove(missing[1].delta->key);
+  EXPECT_EQ(refused(missing), "version 2: part " + w.store->describe(missing[1].delta->key) + " of rank 1 is missing from the store");
+}
+
+TEST(ShardRead, AnchorSlicesMustMatchTheirDigestsAndTileTheirTensor) {
+  const TensorMeta meta{"w", DType::BF16, {4, 3}};
+  const auto bits = random_bytes(24, 5);
+  const Placement top = shard_placement(meta.shape, 0, 0, 2), bottom = shard_placement(meta.shape, 0, 1, 2);
+  auto part = [&](const Placement& p, const std::string& label) {
+    std::vector<uint8_t> local(p.numel() * 2);
+    for (uint64_t k = 0; k < p.numel(); ++k) std::memcpy(&local[k * 2], &bits[p.full_position(k) * 2], 2);
+    const std::span<const uint8_t> span(local);
+    return st::File::from_bytes(serialize_anchor_slices(std::span(&meta, 1), std::span(&p, 1), std::span(&span, 1), 7, label), label);
+  };
+  const st::File a = part(top, "a"), b = part(bottom, "b");
+  const st::File* both[] = {&a, &b};
+  const AssembledTensors whole = assemble_anchor_slices(both, "anchor of version 7");
+  ASSERT_EQ(whole.tensors.size(), 1u);
+  EXPECT_EQ(whole.tensors[0].shape, meta.shape);
+  EXPECT_TRUE(whole.storage[0] == bits);
+  const st::File* twice[] = {&a, &a, &b};
+  EXPECT_EQ(error_message([&] { assemble_anchor_slices(twice, "anchor of version 7"); }),
+            "anchor of version 7: tensor w: part a and part a overlap at position 0");
+  const st::File* alone[] = {&a};
+  EXPECT_EQ(error_message([&] { assemble_anchor_slices(alone, "anchor of version 7"); }),
+            "anchor of version 7: tensor w: no part covers positions 6..11");
+  // The same tensor table and digests over other bytes.
+  std::vector<uint8_t> other(a.bytes(a.at("w")).begin(), a.bytes(a.at("w")).end());
+  other[0] ^= 1;
+  const st::File forged = st::File::from_bytes(st::serialize(std::vector<st::WriteTensor>{{"w", DType::BF16, {6}, other}}, a.metadata()), "forged");
+  const st::File* bad[] = {&forged, &b};
+  EXPECT_EQ(error_message([&] { assemble_anchor_slices(bad, "anchor of version 7"); }),
+            "forged: slice of tensor w does not match its recorded digest");
+}
+
+// Weights that are not in host memory (a GPU) take compact parts unbased and rebase them on
+// their own bits: the same path on the CPU engine, driven by hand.
+TEST(ShardRead, UnbasedCompactPartsRebaseOnTheReceiversBits) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  ASSERT_TRUE(w.publish(1).committed);
+  std::vector<std::vector<uint8_t>> memory;
+  std::vector<TensorRef> targets;
+  for (size_t t = 0; t < w.meta.size(); ++t) memory.emplace_back(w.full[t].size(), 0);
+  for (size_t t = 0; t < w.meta.size(); ++t) targets.push_back(TensorRef{w.meta[t].name, memory[t].data(), w.meta[t].numel(), w.meta[t].width()});
+  engine::CpuSyncEngine engine;
+  TensorReceiver receiver(w.meta, targets, engine);
+  Subscriber sub(*w.store);
+  ASSERT_EQ(sub.sync(receiver).to, 1u);
+  w.step(2);
+  ASSERT_TRUE(w.publish(2).committed);
+  protocol::Catalog catalog(*w.store);
+  const protocol::Manifest m = *catalog.find(2);
+  std::vector<st::File> files;
+  for (const auto& p : m.delta_parts) files.push_back(st::File::from_bytes(w.store->get(p.object.key), p.object.key));
+  const CombinedDelta combined = combine_delta_parts(m, files, w.meta, {});
+  ASSERT_TRUE(combined.relative);
+  engine::TransferCounters transfer;
+  EXPECT_EQ(receiver.apply_patches(combined.patches, combined.digests, true, transfer), m.changed_elements);
+  for (size_t t = 0; t < w.meta.size(); ++t) EXPECT_TRUE(memory[t] == w.full[t]) << w.meta[t].name;
+  EXPECT_EQ(receiver.version(), 2u);
+}
+
+// The inference-engine receiver (runtime parameters reached through runs) goes through the same
+// combination: here its parameters are the HF tensors one to one, on one rank.
+class MappedFollows : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MappedFollows, TheMappedReceiverFollowsAShardedPublisher) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 4, GetParam());
+  std::vector<std::vector<uint8_t>> memory;
+  MappedModel mm;
+  mm.hf = w.meta;
+  mm.params_meta = w.meta;
+  for (size_t t = 0; t < w.meta.size(); ++t) memory.emplace_back(w.full[t].size(), 0);
+  for (size_t t = 0; t < w.meta.size(); ++t) {
+    const auto n = static_cast<int64_t>(w.meta[t].numel());
+    mm.params.push_back(TensorRef{w.meta[t].name, memory[t].data(), w.meta[t].numel(), w.meta[t].width()});
+    mm.runs.push_back(MappedRuns{static_cast<uint32_t>(t), static_cast<uint32_t>(t), {0}, {n}, {0}});
+    mm.owned.push_back(OwnedRanges{static_cast<uint32_t>(t), {0}, {n}});
+  }
+  engine::CpuSyncEngine engine;
+  MappedReceiver receiver(std::move(mm), engine, [](std::span<uint64_t>) {});
+  Subscriber sub(*w.store);
+  for (uint64_t v = 1; v <= 4; ++v) {
+    if (v > 1) w.step(v);
+    ASSERT_TRUE(w.publish(v).committed);
+    const auto report = sub.sync(receiver);
+    EXPECT_EQ(report.to, v);
+    EXPECT_EQ(report.plan.anchor_version.has_value(), v == 1);
+    for (size_t t = 0; t < w.meta.size(); ++t) EXPECT_TRUE(memory[t] == w.full[t]) << w.meta[t].name << " at version " << v;
+  }
+}
+
+// Compact parts reach it unbased (no host base bits) and are rebased where its bits live.
+INSTANTIATE_TEST_SUITE_P(Layouts, MappedFollows, ::testing::Values("trl", "compact"));
+
+// The reader's checks on a version's parts, from a real 2-rank version whose manifest is altered.
+TEST(ShardRead, RefusesPartsThatOverlapLeaveAGapOrLeaveTheirPlacement) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "trl");
+  ASSERT_TRUE(w.publish(1).committed);
+  w.step(2);
+  ASSERT_TRUE(w.publish(2).committed);
+  protocol::Catalog catalog(*w.store);
+  const protocol::Manifest m = *catalog.find(2);
+  ASSERT_EQ(m.delta_parts.size(), 2u);
+  std::vector<st::File> files;
+  for (const auto& p : m.delta_parts) files.push_back(st::File::from_bytes(w.store->get(p.object.key), p.object.key));
+  const CombinedDelta good = combine_delta_parts(m, files, w.meta, {});
+  EXPECT_FALSE(good.relative);  // the interoperable layout carries whole bits
+  EXPECT_GT(good.changed_elements, 0u);
+  EXPECT_EQ(good.changed_elements, m.changed_elements);
+  const std::string name = "layers.0.weight";
+  auto bad = m;
+  bad.delta_parts[1].placements[name] = offset_placement(24, 36);
+  EXPECT_EQ(error_message([&] { combine_delta_parts(bad, files, w.meta, {}); }),
+            "version 2: tensor " + name + ": part " + m.delta_parts[0].object.key + " and part " + m.delta_parts[1].object.key +
+                " overlap at position 24");
+  bad = m;
+  bad.delta_parts[1].placements.erase(name);
+  EXPECT_EQ(error_message([&] { combine_delta_parts(bad, files, w.meta, {}); }),
+            "version 2: tensor " + name + ": no part covers positions 30..59");
+  // Swapped placements: each part's positions lie outside what its entry says it holds.
+  bad = m;
+  std::swap(bad.delta_parts[0].placements, bad.delta_parts[1].placements);
+  const std::string swapped = error_message([&] { combine_delta_parts(bad, files, w.meta, {}); });
+  EXPECT_NE(swapped.find(m.delta_parts[0].object.key + ": changes tensor "), std::string::npos) << swapped;
+  EXPECT_NE(swapped.find("outside the placement"), std::string::npos) << swapped;
+  // A compact part needs host weights to decode against.
+}
+
+}  // namespace
