@@ -42,7 +42,9 @@ class PublisherBinding {
     engine::EngineOptions eo;
     eo.shadow = low_memory ? engine::ShadowKind::kLowByte : engine::ShadowKind::kFull;
     store_ = open_store(store_url);
-    publisher_ = std::make_unique<Publisher>(store_, layout_.meta, engine_for(layout_, eo), std::move(o));
+    auto engine = engine_for(layout_, eo);
+    py::gil_scoped_release nogil;  // claiming the store waits on it (and the store may be served from this process)
+    publisher_ = std::make_unique<Publisher>(store_, layout_.meta, std::move(engine), std::move(o));
   }
   ~PublisherBinding() {
     // Joining the upload thread may wait for a log callback that needs the GIL.
