@@ -221,6 +221,14 @@ TEST(Fencing, RestartFencesOffTheOldEpoch) {
   EXPECT_EQ(sub.poll(), 8u);
   sub.sync(follower);
   expect_weights(follower, model, 8);
+
+  // Retention removes the superseded manifest with the versions before the oldest kept anchor.
+  model.step();
+  restarted.publish(9, model.refs(), /*force_anchor=*/true);
+  restarted.flush();
+  const RetentionReport kept = apply_retention(*store, 1);
+  EXPECT_EQ(kept.deleted_versions, (std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 8}));
+  EXPECT_FALSE(store->head(manifest_key(6)));
 }
 
 // A store from before fencing: LATEST "V\n", manifests without a fence. Readers read it as ever;

@@ -478,10 +478,12 @@ RetentionReport apply_retention(Store& store, size_t keep_anchors) {
     if (const auto* m = catalog.find(v); m && m->has_anchor()) anchors.push_back(v);  // a manifest may vanish meanwhile
   if (anchors.size() <= keep_anchors) return report;
   const uint64_t oldest_kept = anchors[anchors.size() - keep_anchors];
-  for (uint64_t v : versions) {
-    if (v >= oldest_kept) break;
-    store.remove(manifest_key(v));  // invisible first
-    report.deleted_versions.push_back(v);
+  // Every manifest older than that, superseded ones (invisible, left by a fenced-off epoch) too.
+  for (const auto& info : store.list(kManifestPrefix)) {
+    const auto v = version_of_manifest_key(info.key);
+    if (!v || *v >= oldest_kept) continue;
+    store.remove(info.key);  // invisible first
+    report.deleted_versions.push_back(*v);
   }
   // Then every object of an older version: those of the deleted manifests and orphans of
   // uploads that never committed.
