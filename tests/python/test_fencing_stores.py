@@ -150,8 +150,10 @@ def test_a_restart_fences_off_the_old_epoch(moto_s3, target, tmp_path, monkeypat
         zombie.flush()
 
     restarted_weights = {k: torch.zeros_like(t) for k, t in weights.items()}
+    assert zombie.fence == {"run_id": "trainer-7", "epoch": 1, "since": None}
     with deltasync.DeltaPublisher(restarted_weights, store=store, run_id="trainer-7", anchor_every=3, resume=True) as restarted:
         assert restarted.resumed_version == 2
+        assert restarted.fence == {"run_id": "trainer-7", "epoch": 2, "since": 2}
         assert all(torch.equal(restarted_weights[k].view(torch.int16), weights[k].view(torch.int16)) for k in weights)
         assert latest(moto_s3, store) == "2\nrun trainer-7\nepoch 2\nsince 2\n"
         step(restarted_weights, 50)
