@@ -118,11 +118,7 @@ int run_publish(const Args& raw) {
   });
   if (!quiet) options.log = [](const std::string& line) { std::fprintf(stderr, "publish: %s\n", line.c_str()); };
 
-  // Claims the store first (a new epoch of the run; another run is refused before anything is
-  // read or written), then finds the shadow.
-  Publisher publisher(store, tensors, options);
-
-  // Where the shadow comes from.
+  // Where the shadow comes from: the state folder, or (after the claim below) the store.
   std::optional<std::string> state_dir = args.get("--state");
   std::optional<std::pair<HostModel, PublisherState>> restored;
   if (state_dir) {
@@ -139,14 +135,29 @@ int run_publish(const Args& raw) {
       state.delta_bytes_since_anchor = metadata_u64(file.metadata(), "delta_bytes_since_anchor", 0, shadow_path);
       restored.emplace(std::move(shadow), state);
     }
-  } else {
-    restored = state_from_store(*store, quiet);
   }
-  if (restored && restored->second.last_version && version <= *restored->second.last_version)
-    throw Error("version " + std::to_string(version) + " is not newer than the last published version " +
-                std::to_string(*restored->second.last_version));
-  if (store->head(protocol::manifest_key(version)))
-    throw Error(store->describe(protocol::manifest_key(version)) + ": version " + std::to_string(version) + " already exists");
+  auto check_newer = [&] {
+    if (restored && restored->second.last_version && version <= *restored->second.last_version)
+      throw Error("version " + std::to_string(version) + " is not newer than the last published version " +
+                  std::to_string(*restored->second.last_version));
+  };
+  auto check_absent = [&] {
+    if (store->head(protocol::manifest_key(version)))
+      throw Error(store->describe(protocol::manifest_key(version)) + ": version " + std::to_string(version) + " already exists");
+  };
+  if (state_dir) {  // refused before the claim below writes anything
+    check_newer();
+    check_absent();
+  }
+
+  // Claims the store (a new epoch of the run; another run is refused before anything is written),
+  // then, without a state folder, resumes from what the store holds under that claim.
+  Publisher publisher(store, tensors, options);
+  if (!state_dir) {
+    restored = state_from_store(*store, quiet);
+    check_newer();
+    check_absent();
+  }
 
   store->set_progress(terminal_progress("upload", quiet));
   if (restored) publisher.restore(restored->first, restored->second);
