@@ -1,7 +1,8 @@
 """Many replicas following one S3 store (moto on loopback) without a thundering herd.
 
 - An idle follower costs one conditional GET of LATEST per poll (If-None-Match), answered 304
-  without a body: counted at a proxy in front of moto.
+  without a body: counted at a proxy in front of moto. Through the Hugging Face gateway emulator
+  (every GET redirected to a CDN) it costs one HEAD.
 - What each update cost is in the subscriber's report (store_requests: every request since the
   previous report, the idle polls included), and it matches what the proxy saw.
 - 16 follower processes (`deltasync pull --follow`) follow one store for 50 versions: every one
@@ -142,3 +143,34 @@ def test_sixteen_followers_fifty_versions(proxied, request, deltasync_bin, tmp_p
     total = sum(r[3] for r in rows)
     print(f"{'all':>8} {sum(r[1] for r in rows):>8} {sum(r[2] for r in rows):>9} {total:>9} {total / sum(r[2] for r in rows):>12.2f}")
     assert total <= len(proxy.requests), "a follower cannot have sent more than the proxy saw"
+
+
+def test_an_idle_follower_through_the_hf_gateway_costs_one_head_per_poll(moto_s3, monkeypatch, request):
+    """Through the gateway a GET goes on to the CDN, whose tags are not the gateway's: the poll
+    compares the gateway's tag from a HEAD, so an idle one is a HEAD and nothing else."""
+    from hf_gateway import GatewayEmulator
+    gateway = GatewayEmulator(moto_s3.host, moto_s3.port, redirect_every_get=True).start()
+    try:
+        for k in [k for k in os.environ if k.startswith("AWS_")]:
+            monkeypatch.delenv(k)
+        for k, v in {"DELTASYNC_HF_S3_ENDPOINT": gateway.url, "DELTASYNC_HF_ACCESS_KEY_ID": moto_s3.key_id,
+                     "DELTASYNC_HF_SECRET_ACCESS_KEY": moto_s3.secret}.items():
+            monkeypatch.setenv(k, v)
+        store = f"hf://buckets/tester/{BUCKET}/{request.node.name}"
+        trainer = model(3)
+        replica = {k: torch.zeros_like(t) for k, t in trainer.items()}
+        with deltasync.DeltaPublisher(trainer, store=store, run_id="idle-hf") as pub:
+            pub.publish(1)
+            pub.flush()
+        sub = deltasync.DeltaSubscriber(replica, store)
+        assert sub.update() == 1
+        with gateway.lock:
+            gateway.gateway_requests.clear()
+            gateway.cdn_requests.clear()
+        for _ in range(10):
+            assert sub.poll() == 1
+        assert [(m, p.split("?")[0].rsplit("/", 1)[-1]) for m, p, _ in gateway.gateway_requests] == [("HEAD", "LATEST")] * 10
+        assert not gateway.cdn_requests
+        assert all(bits(replica[k]) == bits(trainer[k]) for k in trainer)
+    finally:
+        gateway.stop()
