@@ -1,7 +1,8 @@
 // deltasync publish CHECKPOINT --store URL --version N [--state DIR]: makes CHECKPOINT (a
 // safetensors file or a checkpoint folder) version N
 // of the store — a delta against the last published weights (the shadow), plus an anchor when
-// one is due — and returns once the version is visible.
+// one is due — and returns once the version is visible. It publishes as a new epoch of its run
+// (--run-id, default "unnamed"); a store held by another run is refused unless --take-over.
 //
 // The shadow comes from --state DIR (DIR/shadow.safetensors, rewritten after each publish);
 // without --state it is rebuilt by pulling the newest version from the store (correct, but a
@@ -53,7 +54,8 @@ const std::string& usage() {
     std::string u = "publish CHECKPOINT --store URL --version N [--state DIR]";
     fields::for_each(publisher_option_fields(), [&](const auto& f) {
       using T = typename std::decay_t<decltype(f)>::value_type;
-      u += " [" + flag_of(f.name) + " " + placeholder<T>() + "]";
+      if constexpr (std::is_same_v<T, bool>) u += " [" + flag_of(f.name) + "]";  // a switch
+      else u += " [" + flag_of(f.name) + " " + placeholder<T>() + "]";
     });
     return u + " [--quiet]";
   }();
@@ -78,8 +80,12 @@ std::optional<std::pair<HostModel, PublisherState>> state_from_store(Store& stor
 
 int run_publish(const Args& raw) {
   std::set<std::string> flags(std::begin(kOwnOptions), std::end(kOwnOptions));
-  fields::for_each(publisher_option_fields(), [&](const auto& f) { flags.insert(flag_of(f.name)); });
-  ParsedArgs args(raw, flags, {"--quiet"});
+  std::set<std::string> switches{"--quiet"};
+  fields::for_each(publisher_option_fields(), [&](const auto& f) {
+    using T = typename std::decay_t<decltype(f)>::value_type;
+    (std::is_same_v<T, bool> ? switches : flags).insert(flag_of(f.name));
+  });
+  ParsedArgs args(raw, flags, switches);
   args.expect_positional(1, usage().c_str());
   const bool quiet = args.has("--quiet");
   const uint64_t version = args.get_u64("--version").value_or(0);
@@ -97,7 +103,9 @@ int run_publish(const Args& raw) {
   fields::for_each(publisher_option_fields(), [&](const auto& f) {
     using T = typename std::decay_t<decltype(f)>::value_type;
     const std::string flag = flag_of(f.name);
-    if constexpr (std::is_same_v<T, std::string>) {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (args.has(flag)) f.get(options) = true;
+    } else if constexpr (std::is_same_v<T, std::string>) {
       if (auto v = args.get(flag)) f.get(options) = *v;
     } else if constexpr (std::is_floating_point_v<T>) {
       if (auto v = args.get_real(flag)) f.get(options) = *v;  // the one number rule: no sign, finite
@@ -110,7 +118,7 @@ int run_publish(const Args& raw) {
   });
   if (!quiet) options.log = [](const std::string& line) { std::fprintf(stderr, "publish: %s\n", line.c_str()); };
 
-  // Where the shadow comes from.
+  // Where the shadow comes from: the state folder, or (after the claim below) the store.
   std::optional<std::string> state_dir = args.get("--state");
   std::optional<std::pair<HostModel, PublisherState>> restored;
   if (state_dir) {
@@ -127,17 +135,31 @@ int run_publish(const Args& raw) {
       state.delta_bytes_since_anchor = metadata_u64(file.metadata(), "delta_bytes_since_anchor", 0, shadow_path);
       restored.emplace(std::move(shadow), state);
     }
-  } else {
-    restored = state_from_store(*store, quiet);
   }
-  if (restored && restored->second.last_version && version <= *restored->second.last_version)
-    throw Error("version " + std::to_string(version) + " is not newer than the last published version " +
-                std::to_string(*restored->second.last_version));
-  if (store->head(protocol::manifest_key(version)))
-    throw Error(store->describe(protocol::manifest_key(version)) + ": version " + std::to_string(version) + " already exists");
+  auto check_newer = [&] {
+    if (restored && restored->second.last_version && version <= *restored->second.last_version)
+      throw Error("version " + std::to_string(version) + " is not newer than the last published version " +
+                  std::to_string(*restored->second.last_version));
+  };
+  auto check_absent = [&] {
+    if (store->head(protocol::manifest_key(version)))
+      throw Error(store->describe(protocol::manifest_key(version)) + ": version " + std::to_string(version) + " already exists");
+  };
+  if (state_dir) {  // refused before the claim below writes anything
+    check_newer();
+    check_absent();
+  }
+
+  // Claims the store (a new epoch of the run; another run is refused before anything is written),
+  // then, without a state folder, resumes from what the store holds under that claim.
+  Publisher publisher(store, tensors, options);
+  if (!state_dir) {
+    restored = state_from_store(*store, quiet);
+    check_newer();
+    check_absent();
+  }
 
   store->set_progress(terminal_progress("upload", quiet));
-  Publisher publisher(store, tensors, options);
   if (restored) publisher.restore(restored->first, restored->second);
   publisher.publish(version, current);
   publisher.flush();

@@ -43,9 +43,10 @@ void request_stop(int) { stop_requested = 1; }
 
 // One line per update: where OUT came from, the plan and the time it took.
 void print_update(const std::string& out_path, const SyncReport& report, double total) {
-  std::printf("%s: version %s -> %llu via %s; fetch %.3f s, apply %.3f s, command %.3f s%s%s\n", out_path.c_str(),
+  std::printf("%s: version %s -> %llu via %s; fetch %.3f s, apply %.3f s, command %.3f s, %llu store requests%s%s\n", out_path.c_str(),
               report.from ? std::to_string(*report.from).c_str() : "none", static_cast<unsigned long long>(report.to),
               report.plan.describe().c_str(), report.fetch_seconds, report.apply_seconds, total,
+              static_cast<unsigned long long>(report.store_requests),
               report.recovered ? "; recovered from an anchor: " : "", report.recovered ? report.recovery_reason.c_str() : "");
   std::fflush(stdout);
 }
@@ -69,8 +70,9 @@ int follow(Subscriber& subscriber, HostModel& model, const Output& out, double i
       }
     }
     if (until && model.version && *model.version >= *until) return 0;
-    for (double waited = 0; waited < interval && !stop_requested; waited += 0.05)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const double delay = Subscriber::next_poll_delay(interval);  // jittered: replicas drift apart
+    for (double waited = 0; waited < delay && !stop_requested; waited += 0.05)
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.05, delay - waited)));
   }
   return 0;
 }

@@ -259,6 +259,7 @@ Request presigned_follow_up(const Request& original, const std::string& target, 
   next.method = "GET";
   next.url = target;
   next.redirects = original.redirects;
+  next.sent = original.sent;
   for (const std::string& h : original.headers) {
     std::string name = h.substr(0, h.find(':'));
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -360,6 +361,7 @@ Response perform_with_retries(Request request, const StoreOptions& options, cons
       std::this_thread::sleep_for(std::chrono::duration<double>(jitter(rng)));
     }
     Response response;
+    if (request.sent) request.sent->fetch_add(1, std::memory_order_relaxed);
     try {
       response = perform(request, options);
     } catch (const TransportError& e) {

@@ -5,6 +5,7 @@
 // caller marks as secret; neither ever appears in an error message: errors name the object
 // label the caller gives ("s3://bucket/key"), the verb, the status and the server's error code.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -39,6 +40,7 @@ struct Request {
   std::span<const uint8_t> body;     // sent for PUT and POST
   const AwsSigning* aws = nullptr;
   RedirectPolicy redirects = RedirectPolicy::SameOrigin;
+  std::atomic<uint64_t>* sent = nullptr;  // counts every exchange perform_with_retries makes (may be null)
 };
 
 struct Response {

@@ -8,6 +8,7 @@
 // Every failure is a deltasync::Error whose message names the object ("s3://b/p/key: ...")
 // and never contains a secret.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -97,8 +98,13 @@ class Store {
   // while a transfer runs.
   void set_progress(ProgressFn fn) { progress_ = std::move(fn); }
 
+  // Requests sent so far: HTTP exchanges for the network stores (retries and redirect follow-ups
+  // included), file system operations for a folder. What a follower's polls cost.
+  uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+
  protected:
   ProgressFn progress_;
+  std::atomic<uint64_t> requests_{0};
 };
 
 // Tunables shared by the network stores; defaults suit a datacenter link.

@@ -1,7 +1,12 @@
 // The folder store: one file per object under a root folder. Writes go to a temporary name in
 // the target's folder, are fsynced, then renamed (put) or hard-linked (put_if_absent: link()
 // fails with EEXIST instead of replacing, so of two concurrent creators exactly one wins), and
-// the folder is fsynced so the new name survives a crash.
+// the folder is fsynced so the new name survives a crash. A compare-and-swap (put_if_match)
+// compares and renames while holding an exclusive flock() on the target's folder, so of two
+// concurrent swaps from the same tag exactly one wins; the kernel drops the lock of a writer that
+// dies, so none is ever left stale, and no lock file is left in the store.
+#include <sys/file.h>
+#include <time.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -38,6 +43,13 @@ void validate_key(const std::string& key, const std::string& label) {
     start = end + 1;
   }
   if (is_temp_name(key)) throw Error(label + ": object keys may not contain '" + kTempMarker + "'");
+}
+
+int flock_retrying(int fd) {
+  int rc;
+  do rc = ::flock(fd, LOCK_EX);
+  while (rc != 0 && errno == EINTR);
+  return rc;
 }
 
 std::string etag_of(const struct stat& st) {
@@ -89,6 +101,7 @@ class FolderStore final : public Store {
   std::string url() const override { return "file://" + root_.string(); }
 
   void put(const std::string& key, std::span<const uint8_t> bytes) override {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     const std::string label = describe(key);
     validate_key(key, label);
     fs::path target = root_ / key;
@@ -102,6 +115,7 @@ class FolderStore final : public Store {
   }
 
   bool put_if_absent(const std::string& key, std::span<const uint8_t> bytes) override {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     const std::string label = describe(key);
     validate_key(key, label);
     fs::path target = root_ / key;
@@ -118,7 +132,51 @@ class FolderStore final : public Store {
     return true;
   }
 
+  bool supports_put_if_match() const override { return true; }
+
+  bool put_if_match(const std::string& key, std::span<const uint8_t> bytes, const std::string& etag) override {
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    const std::string label = describe(key);
+    validate_key(key, label);
+    fs::path target = root_ / key;
+    std::string tmp = write_temp(target, bytes, label);
+    FdGuard lock(::open(target.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (lock.get() < 0 || flock_retrying(lock.get()) != 0) {
+      int err = errno;
+      ::unlink(tmp.c_str());
+      throw Error(label + ": cannot lock for a conditional replace: " + errno_text(err));
+    }
+    struct stat st {};
+    if (::stat(target.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || etag_of(st) != etag) {
+      ::unlink(tmp.c_str());
+      return false;  // absent, or replaced since the caller read its tag
+    }
+    // The tag is mtime, size and inode; file times tick coarsely and a freed inode number comes
+    // back, so two swaps within one tick could bring back an old tag. Each swap's mtime is made
+    // strictly newer than the one it replaces, so no tag ever returns.
+    struct timespec now {};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    if (now.tv_sec < st.st_mtim.tv_sec || (now.tv_sec == st.st_mtim.tv_sec && now.tv_nsec <= st.st_mtim.tv_nsec)) {
+      now = st.st_mtim;
+      if (++now.tv_nsec == 1000000000) now = {now.tv_sec + 1, 0};
+    }
+    const struct timespec times[2] = {{0, UTIME_OMIT}, now};
+    if (::utimensat(AT_FDCWD, tmp.c_str(), times, 0) != 0) {
+      int err = errno;
+      ::unlink(tmp.c_str());
+      throw Error(label + ": cannot set the modification time: " + errno_text(err));
+    }
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      int err = errno;
+      ::unlink(tmp.c_str());
+      throw Error(label + ": rename failed: " + errno_text(err));
+    }
+    fsync_dir(target.parent_path());
+    return true;  // the lock goes with the descriptor
+  }
+
   std::vector<uint8_t> get(const std::string& key) override {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     struct stat st {};
     FdGuard fd = open_existing(key, st);
     std::vector<uint8_t> out(static_cast<size_t>(st.st_size));
@@ -128,6 +186,7 @@ class FolderStore final : public Store {
   }
 
   std::vector<uint8_t> get_range(const std::string& key, uint64_t offset, uint64_t length) override {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     struct stat st {};
     FdGuard fd = open_existing(key, st);
     uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -138,6 +197,7 @@ class FolderStore final : public Store {
   }
 
   ConditionalGet get_if_changed(const std::string& key, const std::string& etag) override {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     struct stat st {};
     FdGuard fd = open_existing(key, st);
     std::string now = etag_of(st);
@@ -148,6 +208,7 @@ class FolderStore final : public Store {
   }
 
   std::optional<ObjectInfo> head(const std::string& key) override {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     validate_key(key, describe(key));
     struct stat st {};
     if (::stat((root_ / key).c_str(), &st) != 0) {
@@ -159,6 +220,7 @@ class FolderStore final : public Store {
   }
 
   std::vector<ObjectInfo> list(const std::string& prefix) override {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     // Walk only the folder the prefix points into, then filter by the full prefix.
     std::string dir_part = prefix.substr(0, prefix.rfind('/') == std::string::npos ? 0 : prefix.rfind('/'));
     fs::path start = dir_part.empty() ? root_ : root_ / dir_part;
@@ -183,6 +245,7 @@ class FolderStore final : public Store {
   }
 
   void remove(const std::string& key) override {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     validate_key(key, describe(key));
     fs::path target = root_ / key;
     if (::unlink(target.c_str()) != 0 && errno != ENOENT) throw Error(describe(key) + ": delete failed: " + errno_text(errno));

@@ -100,6 +100,7 @@ class HttpStore final : public Store {
     req.url = base_ + "/" + http::uri_encode(key, true) + query_;
     req.body = body;
     req.headers = std::move(headers);
+    req.sent = &requests_;
     if (!auth_header_.empty()) req.headers.push_back(auth_header_);
     try {
       return http::perform_with_retries(std::move(req), options_, describe(key));

@@ -245,6 +245,7 @@ class S3Store final : public Store {
     req.body = body;
     req.aws = &signing_;
     req.redirects = hf_gateway_ ? http::RedirectPolicy::PresignedGet : http::RedirectPolicy::SameOrigin;
+    req.sent = &requests_;
     req.headers = std::move(headers);
     req.headers.push_back("x-amz-content-sha256: " + (body.empty() ? std::string(kEmptySha256) : sha256_hex(body)));
     if (!session_token_.empty()) req.headers.push_back("x-amz-security-token: " + session_token_);

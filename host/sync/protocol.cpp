@@ -102,6 +102,69 @@ std::vector<DeltaPart> delta_parts_from_json(const json& j, bool has_single_delt
   return out;
 }
 
+json fence_json(const Fence& f) {
+  return json{{"run", f.run_id}, {"epoch", f.epoch}, {"since", f.since ? json(*f.since) : json(nullptr)}};
+}
+
+Fence fence_from_json(const json& j, const std::string& label) {
+  if (!j.is_object()) bad(label, "manifest fence is not a JSON object");
+  Fence f;
+  const json& run = field(j, "run", label);
+  if (!run.is_string() || run.get<std::string>().empty()) bad(label, "manifest fence has no run identity");
+  f.run_id = run.get<std::string>();
+  f.epoch = get_u64(j, "epoch", label);
+  if (!field(j, "since", label).is_null()) f.since = get_u64(j, "since", label);
+  return f;
+}
+
+// A run identity is printed in errors and written as one LATEST line: printable, no blanks.
+void check_run_id(const std::string& run_id, const std::string& label) {
+  if (run_id.empty()) throw Error(label + ": a publisher needs a run identity", ErrorKind::kInvalidArgument);
+  if (run_id.size() > 128 || std::any_of(run_id.begin(), run_id.end(), [](unsigned char c) { return c <= ' ' || c >= 0x7f; }))
+    throw Error(label + ": run identity '" + run_id + "' must be 1 to 128 printable characters without blanks", ErrorKind::kInvalidArgument);
+}
+
+std::string describe_fence(const Fence& f) { return "run " + f.run_id + " (epoch " + std::to_string(f.epoch) + ")"; }
+
+// LATEST and the tag to compare-and-swap it against. The tag comes from the store itself (a HEAD):
+// through the Hugging Face gateway a GET is answered by a CDN whose tags are its own. Contents
+// newer than the tag only make the conditional write fail and the caller look again.
+struct TaggedPointer {
+  std::optional<LatestPointer> pointer;  // nullopt: no LATEST
+  std::string etag;
+};
+
+TaggedPointer read_tagged_pointer(Store& store) {
+  TaggedPointer out;
+  const std::optional<ObjectInfo> info = store.head(kLatestKey);
+  if (!info) return out;
+  out.etag = info->etag;
+  out.pointer = read_latest_pointer(store);
+  return out;
+}
+
+// Writes `next` over `seen` (by compare-and-swap where the store has one); false when LATEST moved
+// meanwhile and the caller must look again.
+bool swap_pointer(Store& store, const TaggedPointer& seen, const LatestPointer& next) {
+  const std::string text = latest_text(next);
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text.data()), text.size());
+  if (!seen.pointer) return store.put_if_absent(kLatestKey, bytes);
+  if (!store.supports_put_if_match() || seen.etag.empty()) {  // nothing to compare against: a plain write
+    store.put(kLatestKey, bytes);
+    return true;
+  }
+  return store.put_if_match(kLatestKey, bytes, seen.etag);
+}
+
+// Refuses `mine` when LATEST names another fence: a newer epoch, or another run in the same one.
+void check_fence_holds(Store& store, const std::optional<LatestPointer>& pointer, const Fence& mine) {
+  if (!pointer || !pointer->fence || *pointer->fence == mine) return;
+  const Fence& now = *pointer->fence;
+  if (now.epoch < mine.epoch) return;  // ours is newer (a claim racing with this read)
+  throw FencedError(store.describe(kLatestKey) + ": " + describe_fence(mine) + " was fenced off: the store is now " +
+                    describe_fence(now) + "; nothing more of this publisher becomes visible");
+}
+
 }  // namespace
 
 std::string manifest_key(uint64_t version) { return std::string(kManifestPrefix) + padded(version) + ".json"; }
@@ -177,6 +240,7 @@ std::string to_json(const Manifest& m) {
   j["digests"] = m.digests;
   j["created_unix_ms"] = m.created_unix_ms;
   if (!m.delta_parts.empty()) j["delta_parts"] = delta_parts_json(m.delta_parts);
+  if (m.fence) j["fence"] = fence_json(*m.fence);
   return j.dump(1);
 }
 
@@ -231,23 +295,67 @@ Manifest manifest_from_json(std::string_view text, const std::string& label) {
     m.digests[it.key()] = it.value().get<std::string>();
   }
   m.created_unix_ms = get_u64(j, "created_unix_ms", label);
+  if (auto it = j.find("fence"); it != j.end()) m.fence = fence_from_json(*it, label);  // absent before fencing
   return m;
 }
 
-std::optional<uint64_t> parse_latest(std::string_view text, const std::string& label) {
-  // One line: the version, then a line end (advance_latest writes "V\n"; "V\r\n" and a bare "V"
-  // are the same pointer written by hand).
-  if (text.ends_with('\n')) text.remove_suffix(text.ends_with("\r\n") ? 2 : 1);
-  return parse_decimal<uint64_t>(text, label + ": LATEST pointer");
+LatestPointer parse_latest_pointer(std::string_view text, const std::string& label) {
+  // "V\n" (before fencing; "V\r\n" and a bare "V" are the same pointer written by hand), or the
+  // version and the three fence lines latest_text writes. Anything else is read by the first rule,
+  // whose message quotes it.
+  std::vector<std::string_view> lines;
+  for (std::string_view rest = text; !rest.empty();) {
+    const size_t end = rest.find('\n');
+    std::string_view line = rest.substr(0, end);
+    if (line.ends_with('\r')) line.remove_suffix(1);
+    lines.push_back(line);
+    rest.remove_prefix(end == std::string_view::npos ? rest.size() : end + 1);
+  }
+  LatestPointer p;
+  if (lines.size() != 4) {
+    if (text.ends_with('\n')) text.remove_suffix(text.ends_with("\r\n") ? 2 : 1);
+    p.version = parse_decimal<uint64_t>(text, label + ": LATEST pointer");
+    return p;
+  }
+  auto value = [&](size_t i, std::string_view name) {
+    if (!lines[i].starts_with(name) || lines[i].size() <= name.size() || lines[i][name.size()] != ' ')
+      throw BadInputError(label + ": LATEST pointer line " + std::to_string(i + 1) + " is not '" + std::string(name) + " ...'");
+    return lines[i].substr(name.size() + 1);
+  };
+  if (lines[0] != "none") p.version = parse_decimal<uint64_t>(lines[0], label + ": LATEST pointer");
+  Fence f;
+  f.run_id = std::string(value(1, "run"));
+  check_run_id(f.run_id, label);
+  f.epoch = parse_decimal<uint64_t>(value(2, "epoch"), label + ": LATEST epoch");
+  const std::string_view since = value(3, "since");
+  if (since != "none") f.since = parse_decimal<uint64_t>(since, label + ": LATEST since");
+  p.fence = std::move(f);
+  return p;
 }
 
-std::optional<uint64_t> read_latest(Store& store) {
+std::string latest_text(const LatestPointer& p) {
+  std::string out = (p.version ? std::to_string(*p.version) : std::string("none")) + "\n";
+  if (!p.fence) return out;
+  return out + "run " + p.fence->run_id + "\nepoch " + std::to_string(p.fence->epoch) + "\nsince " +
+         (p.fence->since ? std::to_string(*p.fence->since) : std::string("none")) + "\n";
+}
+
+std::optional<uint64_t> parse_latest(std::string_view text, const std::string& label) {
+  return parse_latest_pointer(text, label).version;
+}
+
+std::optional<LatestPointer> read_latest_pointer(Store& store) {
   try {
     auto bytes = store.get(kLatestKey);
-    return parse_latest(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), store.describe(kLatestKey));
+    return parse_latest_pointer(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), store.describe(kLatestKey));
   } catch (const NotFoundError&) {
     return std::nullopt;
   }
+}
+
+std::optional<uint64_t> read_latest(Store& store) {
+  const auto p = read_latest_pointer(store);
+  return p ? p->version : std::nullopt;
 }
 
 bool write_manifest(Store& store, const Manifest& manifest) {
@@ -268,44 +376,73 @@ bool write_manifest(Store& store, const Manifest& manifest) {
   return true;
 }
 
-void advance_latest(Store& store, uint64_t version) {
-  // LATEST only moves forward. Where the store can compare-and-swap (S3 If-Match, If-None-Match
-  // on create) a racing writer cannot move it back; elsewhere one publisher per store (the
-  // supported setup) keeps the read-compare-write from racing.
-  const std::string pointer = std::to_string(version) + "\n";
-  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(pointer.data()), pointer.size());
-  if (!store.supports_put_if_match()) {
-    auto latest = read_latest(store);
-    if (!latest || *latest < version) store.put(kLatestKey, bytes);
-    return;
-  }
+void advance_latest(Store& store, uint64_t version, const std::optional<Fence>& fence) {
+  // LATEST only moves forward, and only for the fence that holds the store. Where the store can
+  // compare-and-swap (S3 and the Hugging Face gateway's If-Match, the folder store's link and
+  // rename) neither a racing writer nor a fenced-off one can move it; a store without (plain
+  // HTTP) falls back to read-compare-write.
   for (int attempt = 0; attempt < 20; ++attempt) {
-    // The tag from a HEAD, then the contents: a GET may be answered by a CDN with tags of its
-    // own. Contents newer than the tag only make the If-Match fail, and the loop look again.
-    const std::optional<ObjectInfo> info = store.head(kLatestKey);
-    if (!info) {
-      if (store.put_if_absent(kLatestKey, bytes)) return;
-      continue;  // created meanwhile: compare with what the other writer put there
-    }
-    const std::optional<uint64_t> latest = read_latest(store);
-    if (latest && *latest >= version) return;
-    if (info->etag.empty()) {  // nothing to compare against: a plain write, as without If-Match
-      store.put(kLatestKey, bytes);
-      return;
-    }
-    if (store.put_if_match(kLatestKey, bytes, info->etag)) return;
+    const TaggedPointer seen = read_tagged_pointer(store);
+    if (fence) check_fence_holds(store, seen.pointer, *fence);
+    if (seen.pointer && seen.pointer->version && *seen.pointer->version >= version) return;
+    LatestPointer next{version, fence};
+    if (!fence && seen.pointer) next.fence = seen.pointer->fence;  // a writer without a fence keeps the one there
+    if (swap_pointer(store, seen, next)) return;
   }
   throw Error(store.describe(kLatestKey) + ": kept changing while version " + std::to_string(version) + " was being made the latest");
 }
 
+void check_fence(Store& store, const Fence& mine) { check_fence_holds(store, read_latest_pointer(store), mine); }
+
 bool commit_version(Store& store, const Manifest& manifest) {
+  // Refused before anything is written when the fence no longer holds; a takeover between this
+  // check and advance_latest leaves a manifest that readers ignore (superseded: its version is
+  // newer than the new epoch's `since`).
+  if (manifest.fence) check_fence(store, *manifest.fence);
   if (!write_manifest(store, manifest)) return false;
-  advance_latest(store, manifest.version);
+  advance_latest(store, manifest.version, manifest.fence);
   return true;
 }
 
+Fence claim_store(Store& store, const std::string& run_id, bool take_over) {
+  check_run_id(run_id, store.url());
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    const TaggedPointer seen = read_tagged_pointer(store);
+    const std::optional<Fence> held = seen.pointer ? seen.pointer->fence : std::nullopt;
+    if (held && held->run_id != run_id && !take_over)
+      throw FencedError(store.url() + ": the store is published by " + describe_fence(*held) + "; refusing to publish run " + run_id +
+                        " into it (taking it over is explicit: --take-over, or take_over=True)");
+    // The newest visible version, judged with the fence that holds the store now.
+    Catalog catalog(store);
+    if (held) catalog.note_fence(held);
+    Fence mine{run_id, 0, seen.pointer ? seen.pointer->version : std::nullopt};
+    try {
+      const std::vector<uint64_t> listed = catalog.refresh();
+      if (!listed.empty() && (!mine.since || listed.back() > *mine.since)) mine.since = listed.back();
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kUnsupported) throw;  // no listing: LATEST is all there is
+    }
+    // Epochs never repeat, even where LATEST was rewritten without its fence (by hand, or by a
+    // publisher from before fencing): the manifests remember theirs.
+    mine.epoch = catalog.newest_epoch() + 1;
+    if (swap_pointer(store, seen, LatestPointer{mine.since, mine})) return mine;
+  }
+  throw Error(store.describe(kLatestKey) + ": kept changing while run " + run_id + " was claiming the store");
+}
+
+void Catalog::note_fence(const std::optional<Fence>& fence) {
+  if (fence) epoch_since_.emplace(fence->epoch, fence->since);
+}
+
+bool Catalog::superseded(const Manifest& m) const {
+  const uint64_t epoch = m.fence ? m.fence->epoch : 0;
+  for (auto it = epoch_since_.upper_bound(epoch); it != epoch_since_.end(); ++it)
+    if (!it->second || *it->second < m.version) return true;
+  return false;
+}
+
 const Manifest* Catalog::find(uint64_t version) {
-  if (auto it = cache_.find(version); it != cache_.end()) return &it->second;
+  if (auto it = cache_.find(version); it != cache_.end()) return superseded(it->second) ? nullptr : &it->second;
   std::vector<uint8_t> bytes;
   try {
     bytes = store_.get(manifest_key(version));
@@ -315,7 +452,9 @@ const Manifest* Catalog::find(uint64_t version) {
   Manifest m = manifest_from_json(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
                                   store_.describe(manifest_key(version)));
   if (m.version != version) throw BadInputError(store_.describe(manifest_key(version)) + ": manifest names version " + std::to_string(m.version));
-  return &cache_.emplace(version, std::move(m)).first->second;
+  note_fence(m.fence);
+  const Manifest* cached = &cache_.emplace(version, std::move(m)).first->second;
+  return superseded(*cached) ? nullptr : cached;
 }
 
 std::vector<uint64_t> Catalog::refresh() {
@@ -324,13 +463,17 @@ std::vector<uint64_t> Catalog::refresh() {
     if (auto v = version_of_manifest_key(info.key)) present.insert(*v);
   }
   for (auto it = cache_.begin(); it != cache_.end();) it = present.count(it->first) ? std::next(it) : cache_.erase(it);
-  std::vector<uint64_t> versions(present.begin(), present.end());
-  for (uint64_t v : versions) find(v);
+  for (uint64_t v : present) find(v);  // every fence the manifests name is known before any is judged
+  std::vector<uint64_t> versions;
+  for (uint64_t v : present)
+    if (find(v)) versions.push_back(v);
   return versions;
 }
 
 std::optional<uint64_t> Catalog::newest(bool can_list) {
-  std::optional<uint64_t> best = read_latest(store_);
+  const std::optional<LatestPointer> pointer = read_latest_pointer(store_);
+  if (pointer) note_fence(pointer->fence);
+  std::optional<uint64_t> best = pointer ? pointer->version : std::nullopt;
   if (can_list) {
     auto versions = refresh();
     if (!versions.empty() && (!best || versions.back() > *best)) best = versions.back();
@@ -390,10 +533,12 @@ RetentionReport apply_retention(Store& store, size_t keep_anchors) {
     if (const auto* m = catalog.find(v); m && m->has_anchor()) anchors.push_back(v);  // a manifest may vanish meanwhile
   if (anchors.size() <= keep_anchors) return report;
   const uint64_t oldest_kept = anchors[anchors.size() - keep_anchors];
-  for (uint64_t v : versions) {
-    if (v >= oldest_kept) break;
-    store.remove(manifest_key(v));  // invisible first
-    report.deleted_versions.push_back(v);
+  // Every manifest older than that, superseded ones (invisible, left by a fenced-off epoch) too.
+  for (const auto& info : store.list(kManifestPrefix)) {
+    const auto v = version_of_manifest_key(info.key);
+    if (!v || *v >= oldest_kept) continue;
+    store.remove(info.key);  // invisible first
+    report.deleted_versions.push_back(*v);
   }
   // Then every object of an older version: those of the deleted manifests and orphans of
   // uploads that never committed.

@@ -8,10 +8,25 @@
 //   anchors/V-NONCE/part-00000.safetensors ...  the full weights at V, split at tensor
 //                                       boundaries into parts of bounded size
 //   manifests/V.json                    written once (exclusive create) after its objects
-//   LATEST                              "V\n", rewritten after each manifest (a hint: a reader
-//                                       also trusts any manifest it can see)
-// A version exists exactly when its manifest does. Versions need not be consecutive (a
-// publisher that fell behind merges pending versions into one delta).
+//   LATEST                              "V\n" (a store from before fencing) or
+//                                       "V\nrun R\nepoch E\nsince S\n": the newest version (V may
+//                                       be "none" for a store claimed before its first version),
+//                                       and the fence: which run publishes here, in which epoch,
+//                                       and the version that epoch started from. Rewritten after
+//                                       each manifest (a hint: a reader also trusts any manifest
+//                                       it can see, unless its epoch was superseded).
+// A version exists exactly when its manifest does and its epoch is not superseded. Versions need
+// not be consecutive (a publisher that fell behind merges pending versions into one delta).
+//
+// Fencing (two publishers never interleave versions in one store): a publisher claims the store
+// at start-up by a compare-and-swap of LATEST that names its run and a new epoch (one more than
+// LATEST's) and `since`, the newest version it resumes from. A publisher of another run is refused
+// unless it takes the store over explicitly; a publisher of an older epoch (a zombie) is refused by
+// commit_version. A manifest written by an epoch E is superseded, invisible to readers, when some
+// later epoch started from a version older than it (since < version): what a zombie managed to
+// write after the takeover. A store from before fencing (LATEST "V\n", manifests without "fence")
+// has no owner: the first fenced publisher claims it as epoch 1 without taking it over, and its
+// manifests count as epoch 0.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -37,6 +52,22 @@ std::optional<uint64_t> version_of_manifest_key(const std::string& key);
 std::string delta_key(uint64_t version, const std::string& nonce);
 std::string anchor_part_key(uint64_t version, const std::string& nonce, size_t part);
 std::string new_nonce();
+
+// Who publishes into a store: a run's identity and its epoch (a restart of the run takes the
+// next one), and `since`, the newest version when the epoch started (nullopt: an empty store).
+struct Fence {
+  std::string run_id;
+  uint64_t epoch = 0;
+  std::optional<uint64_t> since;
+  bool operator==(const Fence&) const = default;
+};
+
+// What LATEST says: the newest version (nullopt: claimed, nothing published yet) and the fence
+// (nullopt: a store from before fencing).
+struct LatestPointer {
+  std::optional<uint64_t> version;
+  std::optional<Fence> fence;
+};
 
 struct ObjectRef {
   std::string key;
@@ -74,6 +105,7 @@ struct Manifest {
   // A delta in several parts (one per trainer rank), instead of `delta`: at least two (one part
   // is written as `delta`, so a one-rank publisher's manifest reads as before).
   std::vector<DeltaPart> delta_parts;
+  std::optional<Fence> fence;  // the run and epoch that wrote it (nullopt: before fencing, epoch 0)
 
   bool has_anchor() const { return !anchor_parts.empty(); }
   bool has_delta() const { return delta.has_value() || !delta_parts.empty(); }
@@ -96,17 +128,39 @@ std::string to_json(const Manifest& manifest);
 // Strict: every required field present with the right type. Throws Error("LABEL: reason").
 Manifest manifest_from_json(std::string_view text, const std::string& label);
 
-// Makes a version visible: writes its manifest with put_if_absent (returns false, writing
+// Thrown when a publisher's fence no longer holds the store (another run, or a newer epoch of its
+// own run, claimed it): nothing it writes from then on becomes visible.
+class FencedError : public Error {
+ public:
+  explicit FencedError(const std::string& what) : Error(what, ErrorKind::kInvalidArgument) {}
+};
+
+// Throws FencedError when LATEST names a fence other than `mine` (a newer epoch, or another run).
+void check_fence(Store& store, const Fence& mine);
+
+// Makes a version visible: checks the manifest's fence still holds the store (FencedError
+// otherwise, writing nothing), writes its manifest with put_if_absent (returns false, writing
 // nothing, when the version already exists), then advances LATEST if it is older.
 bool commit_version(Store& store, const Manifest& manifest);
 // The two steps of commit_version. write_manifest treats finding its own bytes as success (a
 // retried create whose first answer was lost).
 bool write_manifest(Store& store, const Manifest& manifest);
-void advance_latest(Store& store, uint64_t version);
+// Moves LATEST forward to `version` by compare-and-swap where the store has one; with a fence,
+// only while LATEST still names that fence (FencedError otherwise).
+void advance_latest(Store& store, uint64_t version, const std::optional<Fence>& fence = std::nullopt);
 
-// Reads LATEST ("V\n"); nullopt when absent. Throws Error for malformed contents.
+// Claims the store for `run_id` at a publisher's start-up: a new epoch (LATEST's + 1), since the
+// newest visible version, written into LATEST by compare-and-swap. Refused with FencedError
+// (nothing written) when another run holds the store and `take_over` is false. An empty run_id
+// is refused (Error).
+Fence claim_store(Store& store, const std::string& run_id, bool take_over);
+
+// Reads LATEST; nullopt when absent. Throws Error for malformed contents.
 std::optional<uint64_t> read_latest(Store& store);
 std::optional<uint64_t> parse_latest(std::string_view text, const std::string& label);
+std::optional<LatestPointer> read_latest_pointer(Store& store);
+LatestPointer parse_latest_pointer(std::string_view text, const std::string& label);
+std::string latest_text(const LatestPointer& pointer);
 
 // Manifests are immutable, so a catalog fetches each at most once.
 class Catalog {
@@ -121,10 +175,19 @@ class Catalog {
   // The newest visible version: max(LATEST, newest listed manifest when listing is possible).
   std::optional<uint64_t> newest(bool can_list);
   void forget(uint64_t version) { cache_.erase(version); }
+  // Learns the fence a LATEST names (readers that read LATEST themselves pass it on), so that
+  // manifests of the epochs it supersedes are ignored.
+  void note_fence(const std::optional<Fence>& fence);
+  // A manifest written by an epoch some later epoch superseded (started from an older version):
+  // find() and refresh() never return one.
+  bool superseded(const Manifest& manifest) const;
+  // The newest epoch seen (0: none, or only a store from before fencing).
+  uint64_t newest_epoch() const { return epoch_since_.empty() ? 0 : epoch_since_.rbegin()->first; }
 
  private:
   Store& store_;
   std::map<uint64_t, Manifest> cache_;
+  std::map<uint64_t, std::optional<uint64_t>> epoch_since_;  // every epoch seen -> its `since`
 };
 
 // A way to reach `target`: optionally load the anchor of `anchor_version` first, then apply the

@@ -17,6 +17,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// The run of publishers that name none (PublisherOptions::run_id).
+constexpr const char* kUnnamedRun = "unnamed";
+
 uint64_t unix_ms() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
@@ -154,6 +157,8 @@ Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tenso
                 ErrorKind::kInvalidArgument);
   options_.max_pending = std::max<size_t>(options_.max_pending, 1);
   for (const auto& t : tensors_) model_bytes_ += t.numel() * t.width();
+  fence_ = protocol::claim_store(*store_, options_.run_id.empty() ? std::string(kUnnamedRun) : options_.run_id, options_.take_over);
+  note("claimed " + store_->url() + " for run " + fence_.run_id + ", epoch " + std::to_string(fence_.epoch));
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -479,7 +484,7 @@ void Publisher::upload(Job& job) {
     job.attempted_manifest.reset();
   }
   if (job.committed) {  // the manifest is out; only LATEST and the bookkeeping were missing
-    protocol::advance_latest(store, job.version);
+    protocol::advance_latest(store, job.version, fence_);
     finish(job, job.committed_stats, job.result_digests);
     return;
   }
@@ -537,9 +542,11 @@ void Publisher::upload(Job& job) {
 
   // 2. Upload objects under fresh names, then the manifest (exclusive), then LATEST.
   auto t1 = Clock::now();
+  protocol::check_fence(store, fence_);  // a fenced-off publisher uploads nothing more
   if (store.head(manifest_key)) throw Error(store.describe(manifest_key) + ": version " + std::to_string(job.version) + " already exists");
   protocol::Manifest m;
   m.version = job.version;
+  m.fence = fence_;
   const std::string nonce = protocol::new_nonce();
   if (job.has_delta) {
     m.delta = protocol::put_object(store, protocol::delta_key(job.version, nonce), delta_bytes);
@@ -566,7 +573,7 @@ void Publisher::upload(Job& job) {
   job.committed = std::move(m);
   job.result_digests = result_digests;
   job.committed_stats = st;
-  protocol::advance_latest(store, job.version);
+  protocol::advance_latest(store, job.version, fence_);
   finish(job, st, result_digests);
 }
 

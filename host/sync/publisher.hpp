@@ -57,6 +57,11 @@ struct PublisherOptions {
   unsigned parallel_uploads = 4;
   size_t keep_anchors = 3;           // retention after each anchor (0: keep everything)
   std::string delta_format = "compact";  // a delta format name: compact, trl, trl-idx or trl-idx-raw
+  // Fencing (protocol.hpp): the run this publisher belongs to. Publishers that name no run are one
+  // run, "unnamed": a second one is a restart and fences the first off. A store held by another
+  // run is refused unless `take_over`.
+  std::string run_id;
+  bool take_over = false;
   std::function<void(const std::string&)> log;  // one-line notes; may be empty
 };
 
@@ -72,7 +77,9 @@ inline auto publisher_option_fields() {
       fields::member("anchor_part_bytes", &O::anchor_part_bytes, "largest anchor part (a larger tensor makes its own part)"),
       fields::member("parallel_uploads", &O::parallel_uploads, "objects uploaded at once"),
       fields::member("keep_anchors", &O::keep_anchors, "anchors kept by retention (0: keep everything)"),
-      fields::member("format", &O::delta_format, "delta layout: compact, trl, trl-idx or trl-idx-raw"));
+      fields::member("format", &O::delta_format, "delta layout: compact, trl, trl-idx or trl-idx-raw"),
+      fields::member("run_id", &O::run_id, "the run this publisher belongs to (empty: \"unnamed\"); a store held by another run is refused"),
+      fields::member("take_over", &O::take_over, "take over a store held by another run (never the default)"));
 }
 // `log` is the caller's, not an option; every other member needs an entry above.
 static_assert(fields::member_count<PublisherOptions>() == std::tuple_size_v<decltype(publisher_option_fields())> + 1,
@@ -136,7 +143,9 @@ struct PublisherState {
 class Publisher {
  public:
   // `tensors` describes the model (names, dtypes, shapes) in the order weights are passed;
-  // `engine` runs where they live and holds the shadow (the CPU twin when omitted).
+  // `engine` runs where they live and holds the shadow (the CPU twin when omitted). Claims the
+  // store for options.run_id with a new epoch (protocol::claim_store): throws FencedError, having
+  // written nothing, when another run holds it and options.take_over is false.
   Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, PublisherOptions options = {});
   Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, std::unique_ptr<engine::SyncEngine> engine,
             PublisherOptions options = {});
@@ -177,6 +186,8 @@ class Publisher {
   void set_stream(void* stream);
   const std::vector<TensorMeta>& tensors() const { return tensors_; }
   const PublisherOptions& options() const { return options_; }
+  // The run and epoch this publisher claimed the store with at construction.
+  const protocol::Fence& fence() const { return fence_; }
 
  private:
   struct Job;
@@ -202,6 +213,7 @@ class Publisher {
   PublisherOptions options_;
   DeltaFormat format_ = DeltaFormat::Compact;  // options_.delta_format, parsed
   uint64_t model_bytes_ = 0;
+  protocol::Fence fence_;
 
   // Publish-side view (caller thread).
   std::optional<uint64_t> staged_version_;

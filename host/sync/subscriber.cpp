@@ -1,5 +1,7 @@
 #include "sync/subscriber.hpp"
 
+#include <random>
+
 #include <chrono>
 #include <cstring>
 #include <algorithm>
@@ -122,7 +124,22 @@ void order_like(VerifiedAnchor& a, std::span<const TensorMeta> model, uint64_t v
 }  // namespace
 
 Subscriber::Subscriber(Store& store, SubscriberOptions options)
-    : store_(store), options_(std::move(options)), catalog_(store) {}
+    : store_(store), options_(std::move(options)), catalog_(store), requests_reported_(store.requests()) {}
+
+uint64_t Subscriber::take_requests() {
+  const uint64_t now = store_.requests();
+  const uint64_t since = now - requests_reported_;
+  requests_reported_ = now;
+  return since;
+}
+
+double Subscriber::next_poll_delay(double interval_s) {
+  // Full jitter around the interval (uniform in [interval/2, 3*interval/2], mean the interval), so
+  // replicas started together drift apart instead of polling in step; never below the floor.
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  const double base = std::max(interval_s, kMinPollSeconds);
+  return std::uniform_real_distribution<double>(base * 0.5, base * 1.5)(rng);
+}
 
 void Subscriber::note(const std::string& line) const {
   if (options_.log) options_.log(line);
@@ -134,8 +151,10 @@ std::optional<uint64_t> Subscriber::poll() {
     auto r = store_.get_if_changed(protocol::kLatestKey, latest_etag_);
     if (r.changed) {
       latest_etag_ = r.etag;
-      latest_seen_ = protocol::parse_latest(std::string_view(reinterpret_cast<const char*>(r.bytes.data()), r.bytes.size()),
-                                            store_.describe(protocol::kLatestKey));
+      const protocol::LatestPointer pointer = protocol::parse_latest_pointer(
+          std::string_view(reinterpret_cast<const char*>(r.bytes.data()), r.bytes.size()), store_.describe(protocol::kLatestKey));
+      latest_seen_ = pointer.version;
+      catalog_.note_fence(pointer.fence);  // manifests of the epochs it supersedes are ignored from now on
     }
     latest = latest_seen_;
   } catch (const NotFoundError&) {
@@ -333,6 +352,7 @@ SyncReport Subscriber::sync(Receiver& weights, std::optional<uint64_t> target) {
   report.from = usable;
   if (usable && *usable == *target) {
     report.total_seconds = seconds_since(start);
+    report.store_requests = take_requests();
     return report;
   }
 
@@ -373,6 +393,7 @@ SyncReport Subscriber::sync(Receiver& weights, std::optional<uint64_t> target) {
   if (auto bad = digest_mismatch(weights.tensors(), weights.digests(), goal))
     throw Error(store_.url() + ": weights after sync do not match version " + std::to_string(*target) + ": " + *bad);
   report.total_seconds = seconds_since(start);
+  report.store_requests = take_requests();
   return report;
 }
 

@@ -37,6 +37,9 @@ struct SyncReport {
   double fetch_seconds = 0, apply_seconds = 0, total_seconds = 0;
   double pause_seconds = 0;        // inside the receiver: the weights being written and verified
   engine::TransferCounters transfer;  // host <-> device traffic and host syncs of the applies
+  // Requests to the store since the previous report (the polls that found nothing new included):
+  // what this version cost this replica.
+  uint64_t store_requests = 0;
 };
 
 // SyncReport as callers see it, listed once: the Python binding's dicts and the UpdateReport
@@ -58,11 +61,12 @@ inline auto sync_report_fields() {
       fields::computed<R>("plan", [](const R& r) { return r.plan.describe(); }),
       fields::computed<R>("host_to_device_bytes", [](const R& r) { return r.transfer.host_to_device_bytes; }),
       fields::computed<R>("device_to_host_bytes", [](const R& r) { return r.transfer.device_to_host_bytes; }),
-      fields::computed<R>("host_syncs", [](const R& r) { return r.transfer.host_syncs; }));
+      fields::computed<R>("host_syncs", [](const R& r) { return r.transfer.host_syncs; }),
+      fields::member("store_requests", &R::store_requests, "requests to the store since the previous report, polls included"));
 }
-// 15 members (recovered + recovery_reason listed as one, `transfer` as its three counters): a
+// 16 members (recovered + recovery_reason listed as one, `transfer` as its three counters): a
 // member added to SyncReport changes the count and needs an entry above.
-static_assert(fields::member_count<SyncReport>() == 15, "a SyncReport member needs an entry in sync_report_fields()");
+static_assert(fields::member_count<SyncReport>() == 16, "a SyncReport member needs an entry in sync_report_fields()");
 
 class Subscriber {
  public:
@@ -91,10 +95,17 @@ class Subscriber {
 
   protocol::Catalog& catalog() { return catalog_; }
 
+  // How long a follower waits before its next poll: `interval_s` (at least kMinPollSeconds)
+  // jittered uniformly by +-50%, so many replicas of one store do not poll in step. Every
+  // follower (the CLI's pull --follow, the vLLM follow mode) waits this long between polls.
+  static constexpr double kMinPollSeconds = 0.05;
+  static double next_poll_delay(double interval_s);
+
  private:
   void execute(const protocol::CatchUpPlan& plan, Receiver& weights, SyncReport& report);
   std::vector<std::vector<uint8_t>> fetch_all(const std::vector<protocol::ObjectRef>& objects, SyncReport& report);
   void note(const std::string& line) const;
+  uint64_t take_requests();  // the store's requests since the last call (or construction)
 
   Store& store_;
   SubscriberOptions options_;
@@ -102,6 +113,7 @@ class Subscriber {
   std::string latest_etag_;
   std::optional<uint64_t> latest_seen_;
   bool can_list_ = true;
+  uint64_t requests_reported_ = 0;
 };
 
 // An anchor's parts, parsed and verified in host memory before any of it reaches the weights:

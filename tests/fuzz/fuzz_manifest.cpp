@@ -26,6 +26,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         fuzz::fail("LATEST written for a version does not read back as it");
   } catch (const Error&) {
   }
+  try {
+    const protocol::LatestPointer p = protocol::parse_latest_pointer(text, "fuzz LATEST");
+    const protocol::LatestPointer back = protocol::parse_latest_pointer(protocol::latest_text(p), "fuzz LATEST (again)");
+    if (back.version != p.version || back.fence != p.fence) fuzz::fail("a LATEST pointer with its fence does not round-trip");
+  } catch (const Error&) {
+  }
   if (const auto v = protocol::version_of_manifest_key(std::string(text)))
     if (protocol::version_of_manifest_key(protocol::manifest_key(*v)) != v)
       fuzz::fail("a manifest key does not name its version");

@@ -87,6 +87,9 @@ class FaultProxy:
         self.faults = []
         self.lock = threading.Lock()
         self.requests = []  # (method, path) of every request seen
+        # (method, path, If-None-Match or If-Match sent, status, body bytes) of every request passed
+        # on without a fault
+        self.answers = []
         proxy = self
 
         class Handler(QuietHandler):
@@ -141,6 +144,9 @@ class FaultProxy:
                     self._send(status, headers, data)
                     return
                 status, headers, data = self._forward(body)
+                with proxy.lock:
+                    conditional = self.headers.get("If-None-Match") or self.headers.get("If-Match")
+                    proxy.answers.append((self.command, self.path, conditional, status, len(data)))
                 self._send(status, headers, data)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
@@ -160,6 +166,7 @@ class FaultProxy:
         with self.lock:
             self.faults.clear()
             self.requests.clear()
+            self.answers.clear()
 
     def start(self):
         self.thread.start()

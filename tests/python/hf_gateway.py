@@ -7,6 +7,10 @@ not answered with the bytes but, as the real gateway does for clients other than
 botocore and the Rust SDK, with 302 to a "CDN" on a second loopback address (127.0.0.2) whose URL
 carries a pre-signed query. The CDN serves the stashed response and records the headers of
 every request it receives, so a test can check that no credential ever reached it.
+
+redirect_every_get=True is the stricter gateway: every object GET is answered by the redirect,
+whatever the object store said (404, 304, 412 included), and the CDN answers with ETags of its
+own, so a client that takes its compare-and-swap tag from a GET is caught.
 """
 import secrets
 import threading
@@ -18,7 +22,7 @@ SIGNATURE_MARK = "CDN-PRESIGNED-SIGNATURE-0123456789"
 
 
 class GatewayEmulator:
-    def __init__(self, upstream_host, upstream_port, cdn_host="127.0.0.2", redirect_base=None):
+    def __init__(self, upstream_host, upstream_port, cdn_host="127.0.0.2", redirect_base=None, redirect_every_get=False):
         """redirect_base: where redirects point (default: the local CDN); a test may point them at a
         host that must be refused (e.g. plain HTTP off loopback)."""
         self.upstream = (upstream_host, upstream_port)
@@ -54,7 +58,9 @@ class GatewayEmulator:
                     return self._refuse("only '/' is supported as a delimiter")
                 status, out, data = forward(emulator.upstream, self.command, self.path, self.headers, body)
                 is_object_get = self.command == "GET" and "list-type" not in query and "uploadId" not in query
-                if is_object_get and status in (200, 206):
+                if is_object_get and (status in (200, 206) or redirect_every_get):
+                    if redirect_every_get:  # the CDN's tags are not the gateway's
+                        out = [(k, f'"cdn-{secrets.token_hex(6)}"' if k.lower() == "etag" else v) for k, v in out]
                     token = secrets.token_hex(8)
                     with emulator.lock:
                         emulator.stash[token] = (status, out, data)

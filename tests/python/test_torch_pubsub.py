@@ -144,7 +144,7 @@ def test_store_layout_is_the_protocols(store, tmp_path):
             trainer[1].weight.view(torch.int16)[0, :3] += 1
         pub.publish(2)
     root = tmp_path / "bucket"
-    assert (root / "LATEST").read_text() == "2\n"
+    assert (root / "LATEST").read_text() == "2\nrun unnamed\nepoch 1\nsince none\n"  # the version, then the fence
     m1 = json.loads((root / "manifests" / f"{1:020d}.json").read_text())
     m2 = json.loads((root / "manifests" / f"{2:020d}.json").read_text())
     assert m1["kind"] == "anchor" and m1["latest_anchor"] == 1 and m1["delta"] is None
@@ -152,6 +152,7 @@ def test_store_layout_is_the_protocols(store, tmp_path):
     assert m2["delta_format"] == "trl" and m2["latest_anchor"] == 1
     assert m2["digests"]["1.weight"] != m1["digests"]["1.weight"]
     assert m2["digests"]["0.weight"] == m1["digests"]["0.weight"]
+    assert m1["fence"] == m2["fence"] == {"run": "unnamed", "epoch": 1, "since": None}
     from safetensors import safe_open
 
     with safe_open(root / m2["delta"]["key"], "pt") as f:

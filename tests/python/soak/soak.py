@@ -231,7 +231,8 @@ class StoreAudit:
         latest = None
         if latest_bytes is not None:
             try:
-                latest = int(latest_bytes.decode().strip())
+                first = latest_bytes.decode().splitlines()[0]  # the version; fence lines follow
+                latest = None if first == "none" else int(first)
             except ValueError as e:
                 self.problems.append(f"LATEST unreadable: {e}")
             if latest is not None and manifests and latest > max(manifests):

@@ -122,8 +122,13 @@ class SoakProxy:
         m = _VERSION.search(key)
         version = int(m.group(1)) if m else None
         if key.endswith("/LATEST"):
+            # "V\nrun R\nepoch E\nsince S\n": a publisher claiming the store at start-up writes
+            # V == S (no version is made visible by it); a commit moves V past S.
+            lines = body.decode(errors="replace").splitlines()
+            if len(lines) == 4 and lines[0] == lines[3].removeprefix("since "):
+                return None
             try:
-                version = int(body.decode().strip())
+                version = int(lines[0]) if lines else None
             except ValueError:
                 version = None
             return "before_latest", version

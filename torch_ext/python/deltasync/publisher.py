@@ -122,6 +122,12 @@ class DeltaPublisher:
         return self._native.state()
 
     @property
+    def fence(self) -> dict:
+        """The run and epoch this publisher claimed the store with: run_id, epoch, since (the
+        version the epoch started from; None for an empty store). docs/stores.md, Fencing."""
+        return self._native.fence
+
+    @property
     def shadow_bytes(self) -> int:
         """Memory the shadow of the last published bits takes, where the parameters live."""
         return self._native.shadow_bytes

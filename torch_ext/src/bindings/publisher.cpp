@@ -42,7 +42,10 @@ class PublisherBinding {
     engine::EngineOptions eo;
     eo.shadow = low_memory ? engine::ShadowKind::kLowByte : engine::ShadowKind::kFull;
     store_ = open_store(store_url);
-    publisher_ = std::make_unique<Publisher>(store_, layout_.meta, engine_for(layout_, eo), std::move(o));
+    auto engine = engine_for(layout_, eo);
+    py::gil_scoped_release nogil;  // claiming the store waits on it (and the store may be served from this process)
+    publisher_ = std::make_unique<Publisher>(store_, layout_.meta, std::move(engine), std::move(o));
+    fence_ = publisher_->fence();
   }
   ~PublisherBinding() {
     // Joining the upload thread may wait for a log callback that needs the GIL.
@@ -114,6 +117,15 @@ class PublisherBinding {
     return out;
   }
 
+  // The run and epoch the store was claimed with (kept after close).
+  py::dict fence() const {
+    py::dict d;
+    d["run_id"] = fence_.run_id;
+    d["epoch"] = fence_.epoch;
+    d["since"] = fence_.since ? py::object(py::int_(*fence_.since)) : py::none();
+    return d;
+  }
+
   py::dict state() const {
     const PublisherState s = publisher_ ? publisher_->state() : closed_state_;
     py::dict d;
@@ -139,6 +151,7 @@ class PublisherBinding {
   std::unique_ptr<Publisher> publisher_;
   std::vector<VersionStats> closed_history_;
   PublisherState closed_state_;
+  protocol::Fence fence_;
 };
 
 py::dict publisher_defaults() { return record_dict(PublisherOptions{}, publisher_option_fields()); }
@@ -155,6 +168,7 @@ void bind_publisher(py::module_& m) {
       .def("close", &PublisherBinding::close)
       .def("history", &PublisherBinding::history)
       .def("state", &PublisherBinding::state)
+      .def_property_readonly("fence", &PublisherBinding::fence)
       .def_property_readonly("device", &PublisherBinding::device)
       .def_property_readonly("format", &PublisherBinding::format)
       .def_property_readonly("low_memory", &PublisherBinding::low_memory)

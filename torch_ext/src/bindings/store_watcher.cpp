@@ -46,6 +46,8 @@ void bind_store_watcher(py::module_& m) {
   py::class_<StoreWatcher>(m, "StoreWatcher")
       .def(py::init<const std::string&>(), py::arg("store"))
       .def("newest", &StoreWatcher::newest, "The newest visible version (None: nothing published yet).")
+      .def_static("next_delay", &Subscriber::next_poll_delay, py::arg("interval_s"),
+                  "Seconds to wait before the next poll: the interval jittered by +-50% (replicas drift apart).")
       .def_property_readonly("store", &StoreWatcher::url);
 }
 

@@ -7,7 +7,7 @@ two engine steps, with no trainer call.
 (or the same JSON to /init_weight_transfer_engine of `vllm serve`). It runs in vLLM's engine
 core, the one process that sees every step:
 
-- a daemon thread asks the store for its newest version every `poll_seconds` (a conditional GET
+- a daemon thread asks the store for its newest version every `poll_seconds`, jittered by +-50% (a conditional GET
   of LATEST, StoreWatcher) and, when one is newer than the served one, wakes an idle engine
   core (a WAKEUP on its input queue) so an engine with no requests follows too;
 - between two steps (before a step, and after each client request), the engine core brings every
@@ -117,7 +117,7 @@ class StoreFollower:
                 served = self.served
                 if served is None or newest > served:
                     self._wake()
-            self._stop.wait(self.options.poll_seconds)
+            self._stop.wait(self.watcher.next_delay(self.options.poll_seconds))
 
     def _wake(self) -> None:
         compat.wake(self.core)
