@@ -298,6 +298,66 @@ std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> ta
   return out;
 }
 
+SyncReport Subscriber::stream_anchor(uint64_t version, const AnchorPartWriter& write) {
+  const auto start = Clock::now();
+  const protocol::Manifest* found = catalog_.find(version);
+  if (!found || found->anchor_parts.empty())
+    throw NotFoundError(store_.describe(protocol::manifest_key(version)) + ": no anchor at version " + std::to_string(version));
+  const protocol::Manifest manifest = *found;
+  const std::string label = "anchor of version " + std::to_string(version);
+  SyncReport report;
+  report.to = version;
+  report.anchor = version;
+  std::set<std::string> seen;
+  for (size_t k = 0; k < manifest.anchor_parts.size(); ++k) {
+    const protocol::ObjectRef& o = manifest.anchor_parts[k];
+    const auto f0 = Clock::now();
+    auto bytes = store_.get(o.key);
+    protocol::verify_object(o, bytes, store_.describe(o.key));
+    report.bytes_fetched += o.size;
+    report.fetch_seconds += seconds_since(f0);
+    const auto a0 = Clock::now();
+    const st::File file = st::File::from_bytes(std::move(bytes), store_.describe(o.key));
+    const std::optional<uint64_t> part_version = read_model_version(file.metadata(), file.label());
+    if (part_version != version)
+      throw Error(file.label() + ": anchor part is for version " +
+                  (part_version ? std::to_string(*part_version) : std::string("unknown")) + ", expected " + std::to_string(version));
+    if (holds_anchor_slices(file))
+      throw Error(file.label() + ": anchor of slices (a shard-local publish) is loaded whole, not streamed", ErrorKind::kUnsupported);
+    const std::vector<TensorMeta> tensors = model_tensors(file);
+    std::vector<std::span<const uint8_t>> data;
+    std::vector<ConstTensorRef> refs;
+    for (const TensorMeta& m : tensors) {
+      if (!seen.insert(m.name).second) throw Error(label + ": tensor " + m.name + " appears in two anchor parts");
+      data.push_back(file.bytes(file.at(m.name)));
+      refs.push_back(ConstTensorRef{m.name, data.back().data(), m.numel(), m.width()});
+    }
+    const std::vector<uint64_t> digests = digest_tensors(refs);
+    const auto recorded = integrity::read_checkpoint_digests(file.metadata(), file.label());
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (recorded) {
+        auto it = recorded->find(tensors[t].name);
+        if (it != recorded->end() && it->second != digests[t])
+          throw Error(label + ": tensor " + tensors[t].name + " does not match its recorded digest");
+      }
+      if (manifest.digests.empty()) continue;
+      auto it = manifest.digests.find(tensors[t].name);
+      if (it == manifest.digests.end()) throw Error(label + ": tensor " + tensors[t].name + " is not part of version " + std::to_string(version));
+      if (it->second != digest_to_hex(digests[t]))
+        throw Error(label + ": anchor does not match its manifest: tensor " + tensors[t].name + " digest " +
+                    digest_to_hex(digests[t]) + " differs from version " + std::to_string(version) + "'s " + it->second);
+    }
+    write(tensors, data);
+    for (const TensorMeta& m : tensors) report.applied_elements += m.numel();
+    report.apply_seconds += seconds_since(a0);
+  }
+  if (!manifest.digests.empty() && seen.size() != manifest.digests.size())
+    throw Error(label + ": holds " + std::to_string(seen.size()) + " tensors, its manifest " + std::to_string(manifest.digests.size()));
+  report.plan.anchor_version = version;
+  report.total_seconds = seconds_since(start);
+  return report;
+}
+
 SyncReport Subscriber::sync(HostModel& model, std::optional<uint64_t> target) {
   HostModelReceiver weights(model);
   return sync(weights, target);

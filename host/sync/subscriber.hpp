@@ -89,6 +89,16 @@ class Subscriber {
   // published tensors onto its own parameters learns its map from.
   std::vector<TensorMeta> published_tensors(std::optional<uint64_t> target = std::nullopt);
 
+  // Anchor `version`'s tensors handed to `write` one part at a time: each part is fetched,
+  // checked against the manifest's SHA-256, and its tensors' digests recomputed and compared
+  // with those the part and the manifest record before `write` sees it; then it is dropped, so
+  // host memory is bounded by one part, not the model. Only when every tensor of the manifest
+  // has come exactly once does this return (else Error): until then the caller keeps what
+  // `write` wrote staged (temp names). Error kUnsupported, before `write` is called, for an
+  // anchor of slices (a shard-local publish), which callers load whole.
+  using AnchorPartWriter = std::function<void(std::span<const TensorMeta>, std::span<const std::span<const uint8_t>>)>;
+  SyncReport stream_anchor(uint64_t version, const AnchorPartWriter& write);
+
   protocol::Catalog& catalog() { return catalog_; }
 
  private:
