@@ -42,7 +42,7 @@ def peak_rss(argv, env=None):
     the peak a child of this interpreter reports would start from the interpreter's own (fork
     copies its memory map before exec), time's fork is a few MB."""
     with tempfile.NamedTemporaryFile("r") as peak:
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak.name, *argv], stdout=subprocess.DEVNULL,
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak.name, *map(str, argv)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, env=env)
         return proc.returncode, int(peak.read().split()[-1]) * 1024, proc.stderr.decode(errors="replace")
 
