@@ -5,8 +5,9 @@ peak RSS (ru_maxrss from wait4) is reported next to the model and part sizes.
   python benchmarks/pull_memory.py --bin build/bin [--model-mb 1200] [--part-mb 16] [--out FILE]
 
 The model is random bf16 in tensors of --tensor-mb, published once (an anchor, in parts of at
-most --part-mb) to a folder store. Reported: peak RSS, the process's idle RSS (the binary or
-interpreter doing nothing), and (peak - idle) / part and / model."""
+most --part-mb) to a folder store. Reported: peak RSS, the binary's idle RSS (a usage error),
+and (peak - idle) / part and / model; for the subscriber (tests/python/subscriber_memory_child.py)
+the peak it adds over its resident weights."""
 import argparse
 import json
 import os
@@ -47,13 +48,7 @@ def peak_rss(argv, env=None):
         return proc.returncode, int(peak.read().split()[-1]) * 1024, proc.stderr.decode(errors="replace")
 
 
-SUBSCRIBER = r"""
-import sys, torch, deltasync
-store, n = sys.argv[1], None
-sub = deltasync.DeltaSubscriber(store)
-names = sub.published_tensors()
-weights = {m["name"] if isinstance(m, dict) else m[0]: None for m in names}
-"""
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python", "subscriber_memory_child.py")
 
 
 def main():
@@ -78,11 +73,20 @@ def main():
             if rc != 0:
                 sys.exit(f"pull failed: {err}")
             rows.append((f"pull -o {'DIR' if out == 'out_dir' else 'FILE'}", peak, idle))
+        proc = subprocess.run([sys.executable, CHILD, store, model], capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"subscriber failed: {proc.stderr}")
+        sub = json.loads(proc.stdout.strip().splitlines()[-1])
+        if sub["error"] or not sub["equal_to_model"]:
+            sys.exit(f"subscriber failed: {sub}")
         lines = [f"model {size / 1e6:.0f} MB bf16, anchor parts <= {args.part_mb} MB, tensors {args.tensor_mb} MB",
                  "", "| path | peak RSS | idle RSS | (peak-idle)/part | (peak-idle)/model |", "|---|---|---|---|---|"]
         for name, peak, base in rows:
             extra = peak - base
             lines.append(f"| {name} | {peak / 1e6:.0f} MB | {base / 1e6:.0f} MB | {extra / (args.part_mb * 1e6):.2f} | {extra / size:.3f} |")
+        extra = sub["extra"]
+        lines.append(f"| DeltaSubscriber anchor (host tensors) | +{extra / 1e6:.0f} MB over the weights | - | "
+                     f"{extra / (args.part_mb * 1e6):.2f} | {extra / size:.3f} |")
         text = "\n".join(lines)
         print(text)
         if args.out:

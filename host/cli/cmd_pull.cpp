@@ -118,7 +118,8 @@ std::optional<SyncReport> pull_anchor_streamed(Subscriber& subscriber, const Out
   StreamedOutput output(out.path, tensors, *target, digests, has_layout ? &layout : nullptr, out.max_shard_bytes);
   SyncReport report;
   try {
-    report = subscriber.stream_anchor(*plan->anchor_version, [&](std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes) {
+    report = subscriber.stream_anchor(*plan->anchor_version, [&](std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
+                                                                std::span<const uint64_t>) {
       for (size_t t = 0; t < meta.size(); ++t) output.write(meta[t], bytes[t]);
     });
   } catch (const Error& e) {

@@ -174,7 +174,11 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
   if (plan.anchor_version) {
     anchor = catalog_.find(*plan.anchor_version);
     if (!anchor) throw NotFoundError(store_.describe(protocol::manifest_key(*plan.anchor_version)) + ": anchor version disappeared");
-    objects = anchor->anchor_parts;
+    // Part by part where the receiver can: host memory one part, not the model.
+    if (weights.streams_anchors() && stream_anchor_into(*anchor, weights, report))
+      anchor = nullptr;
+    else
+      objects = anchor->anchor_parts;
   }
   for (uint64_t v : plan.deltas) {
     const protocol::Manifest* m = catalog_.find(v);
@@ -241,6 +245,48 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
   report.apply_seconds += seconds_since(t1);
 }
 
+bool Subscriber::stream_anchor_into(const protocol::Manifest& anchor, Receiver& weights, SyncReport& report) {
+  std::vector<TensorMeta> table;
+  try {
+    table = anchor_table(anchor);
+    weights.begin_anchor(table, anchor.version);
+  } catch (...) {
+    weights.abandon();
+    throw;
+  }
+  std::unordered_map<std::string_view, size_t> at;
+  for (size_t k = 0; k < table.size(); ++k) at.emplace(table[k].name, k);
+  std::vector<uint64_t> digests(table.size(), 0);
+  SyncReport streamed;
+  try {
+    streamed = stream_anchor(anchor.version, [&](std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
+                                                 std::span<const uint64_t> part_digests) {
+      for (size_t t = 0; t < meta.size(); ++t) {
+        const auto it = at.find(meta[t].name);
+        if (it == at.end()) throw BadInputError("anchor of version " + std::to_string(anchor.version) + ": tensor " + meta[t].name + " is not in its parts' headers");
+        digests[it->second] = part_digests[t];
+      }
+      const auto w0 = Clock::now();
+      weights.write_anchor_part(meta, bytes);
+      report.pause_seconds += seconds_since(w0);
+    });
+    weights.finish_anchor(digests, anchor.version);
+  } catch (const Error& e) {
+    weights.abort_anchor();
+    if (e.kind() == ErrorKind::kUnsupported) return false;
+    throw;
+  } catch (...) {
+    weights.abort_anchor();
+    throw;
+  }
+  report.anchor = anchor.version;
+  report.bytes_fetched += streamed.bytes_fetched;
+  report.fetch_seconds += streamed.fetch_seconds;
+  report.apply_seconds += streamed.apply_seconds;
+  report.applied_elements += streamed.applied_elements;
+  return true;
+}
+
 std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> target) {
   if (!target) target = poll();
   if (!target) throw Error(store_.url() + ": the store has no published versions", ErrorKind::kNotFound);
@@ -248,8 +294,12 @@ std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> ta
   if (!plan || !plan->anchor_version) throw Error(store_.url() + ": no anchor on the chain of version " + std::to_string(*target), ErrorKind::kNotFound);
   const protocol::Manifest* anchor = catalog_.find(*plan->anchor_version);
   if (!anchor) throw NotFoundError(store_.describe(protocol::manifest_key(*plan->anchor_version)) + ": anchor version disappeared");
+  return anchor_table(*anchor);
+}
+
+std::vector<TensorMeta> Subscriber::anchor_table(const protocol::Manifest& anchor) {
   std::vector<TensorMeta> out;
-  for (const auto& part : anchor->anchor_parts) {
+  for (const auto& part : anchor.anchor_parts) {
     const std::string label = store_.describe(part.key);
     const std::vector<uint8_t> head = store_.get_range(part.key, 0, 8);
     uint64_t n = 0;
@@ -347,7 +397,7 @@ SyncReport Subscriber::stream_anchor(uint64_t version, const AnchorPartWriter& w
         throw Error(label + ": anchor does not match its manifest: tensor " + tensors[t].name + " digest " +
                     digest_to_hex(digests[t]) + " differs from version " + std::to_string(version) + "'s " + it->second);
     }
-    write(tensors, data);
+    write(tensors, data, digests);
     for (const TensorMeta& m : tensors) report.applied_elements += m.numel();
     report.apply_seconds += seconds_since(a0);
   }

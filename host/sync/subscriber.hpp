@@ -96,13 +96,20 @@ class Subscriber {
   // has come exactly once does this return (else Error): until then the caller keeps what
   // `write` wrote staged (temp names). Error kUnsupported, before `write` is called, for an
   // anchor of slices (a shard-local publish), which callers load whole.
-  using AnchorPartWriter = std::function<void(std::span<const TensorMeta>, std::span<const std::span<const uint8_t>>)>;
+  // write(tensors, their bits, their digests) for one part.
+  using AnchorPartWriter = std::function<void(std::span<const TensorMeta>, std::span<const std::span<const uint8_t>>,
+                                              std::span<const uint64_t>)>;
   SyncReport stream_anchor(uint64_t version, const AnchorPartWriter& write);
 
   protocol::Catalog& catalog() { return catalog_; }
 
  private:
   void execute(const protocol::CatchUpPlan& plan, Receiver& weights, SyncReport& report);
+  // An anchor part by part into a receiver that streams anchors; false (nothing written) for an
+  // anchor of slices, which is loaded whole.
+  bool stream_anchor_into(const protocol::Manifest& anchor, Receiver& weights, SyncReport& report);
+  // The tensors of an anchor, from ranged reads of its parts' headers (published_tensors).
+  std::vector<TensorMeta> anchor_table(const protocol::Manifest& anchor);
   std::vector<std::vector<uint8_t>> fetch_all(const std::vector<protocol::ObjectRef>& objects, SyncReport& report);
   void note(const std::string& line) const;
 

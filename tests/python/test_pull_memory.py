@@ -1,11 +1,14 @@
-"""`deltasync pull` streams an anchor into OUT part by part: its peak memory over a model many
-times larger than a part stays within two parts of the binary's idle footprint (a memory bound
-is behaviour, not timing), the result is bit-exact, and a corrupt or missing part in the middle
-of the anchor leaves an existing OUT exactly as it was (every byte, no temporary left)."""
+"""Receivers stream anchors part by part. `deltasync pull` into OUT and a DeltaSubscriber into
+host tensors: the peak memory each adds over a model many times larger than a part stays within
+two parts (a memory bound is behaviour, not timing), the result is bit-exact, and a corrupt or
+missing part in the middle of the anchor leaves an existing OUT / the subscriber's weights
+exactly as they were (every byte, no temporary left)."""
 import glob
 import hashlib
+import json
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -110,3 +113,30 @@ def test_bad_part_mid_anchor_leaves_the_old_checkpoint_every_byte(published, tmp
     assert len(lines) == 1 and part in lines[0], err
     assert snapshot(str(out)) == before
     assert sorted(os.listdir(parent)) == listing  # no temporary left beside OUT
+
+
+CHILD = os.path.join(os.path.dirname(__file__), "subscriber_memory_child.py")
+
+
+def subscriber_child(store, model):
+    proc = subprocess.run([sys.executable, CHILD, str(store), str(model)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_subscriber_anchor_streams_with_memory_bounded_by_parts(published):
+    _, model, store = published
+    r = subscriber_child(store, model)
+    assert r["error"] is None, r["error"]
+    assert r["equal_to_model"] and r["version"] == 1
+    assert r["extra"] <= 2 * PART, f"the anchor load peaked {r['extra'] / 1e6:.1f} MB above the weights: more than 2 parts"
+
+
+@pytest.mark.parametrize("how", ["corrupt", "missing"])
+def test_bad_part_mid_anchor_leaves_the_subscribers_weights_every_byte(published, tmp_path, how):
+    _, model, store = published
+    bad, part = broken_store(store, tmp_path, how)
+    r = subscriber_child(bad, model)
+    assert r["error"] and part in r["error"], r["error"]
+    assert r["unchanged"], "weights changed by an anchor that failed part way"
+    assert r["version"] is None
