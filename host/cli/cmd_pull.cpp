@@ -18,6 +18,8 @@
 #include "checkpoint.hpp"
 #include "model_files.hpp"
 #include "command.hpp"
+#include "codec/digest.hpp"
+#include "streamed_output.hpp"
 #include "core/error.hpp"
 #include "core/parse_number.hpp"
 #include "sync/subscriber.hpp"
@@ -77,6 +79,60 @@ int follow(Subscriber& subscriber, HostModel& model, const Output& out, double i
   return 0;
 }
 
+// A catch-up that is one anchor (a fresh OUT, or one too far behind for deltas) streams into
+// OUT part by part, each part verified before it is written and dropped after: memory is one
+// part, never the model. nullopt: another plan (deltas onto OUT, already current) or an anchor
+// of slices, which the subscriber loads whole (below).
+std::optional<SyncReport> pull_anchor_streamed(Subscriber& subscriber, const Output& out, std::optional<uint64_t> target) {
+  if (!target) target = subscriber.poll();
+  if (!target) return std::nullopt;  // the subscriber says why
+  std::optional<uint64_t> from;
+  FolderLayout layout;
+  bool has_layout = false;
+  if (std::filesystem::exists(out.path)) {
+    try {
+      const Checkpoint existing = Checkpoint::open(out.path);
+      from = existing.recorded_version();
+      if (existing.is_folder()) {
+        layout = layout_of(existing);
+        has_layout = true;
+      }
+    } catch (const Error&) {
+      from.reset();  // unreadable: rebuilt from the store (the loading path says so)
+      return std::nullopt;
+    }
+  }
+  if (from && *from == *target) return std::nullopt;
+  const auto plan = protocol::plan_catch_up(subscriber.catalog(), from, *target);
+  if (!plan || !plan->anchor_version || !plan->deltas.empty()) return std::nullopt;
+  const protocol::Manifest* anchor = subscriber.catalog().find(*plan->anchor_version);
+  if (!anchor) return std::nullopt;
+  const std::vector<TensorMeta> tensors = subscriber.published_tensors(*target);
+  std::vector<uint64_t> digests;
+  for (const TensorMeta& t : tensors) {
+    const auto it = anchor->digests.find(t.name);
+    if (it == anchor->digests.end()) {
+      digests.clear();  // a manifest without digests: the shards record none
+      break;
+    }
+    digests.push_back(digest_from_hex(it->second, "manifest of version " + std::to_string(anchor->version)));
+  }
+  StreamedOutput output(out.path, tensors, *target, digests, has_layout ? &layout : nullptr, out.max_shard_bytes);
+  SyncReport report;
+  try {
+    report = subscriber.stream_anchor(*plan->anchor_version, [&](std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
+                                                                std::span<const uint64_t>) {
+      for (size_t t = 0; t < meta.size(); ++t) output.write(meta[t], bytes[t]);
+    });
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kUnsupported) return std::nullopt;
+    throw;
+  }
+  output.commit();
+  report.from = from;
+  return report;
+}
+
 int run_pull(const Args& raw) {
   ParsedArgs args(raw, {"--store", "-o", "--output", "--version", "--follow", "--until-version", "--max-shard-bytes"}, {"--quiet"});
   args.expect_positional(0, kUsage);
@@ -93,6 +149,14 @@ int run_pull(const Args& raw) {
 
   Output out{out_path, {}, false, args.get_u64("--max-shard-bytes").value_or(kDefaultMaxShardBytes)};
   if (out.max_shard_bytes == 0) throw Error("option --max-shard-bytes must be positive");
+  const bool following = args.get("--follow").has_value() || args.get("--until-version").has_value();
+  if (!following) {
+    if (auto streamed = pull_anchor_streamed(subscriber, out, args.get_u64("--version"))) {
+      finish_progress();
+      print_update(out_path, *streamed, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      return 0;
+    }
+  }
   HostModel model;
   if (std::filesystem::exists(out_path)) {
     try {

@@ -4,7 +4,10 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "engine/host_model.hpp"
 #include "format/checkpoint_folder.hpp"
@@ -27,15 +30,33 @@ struct FolderLayout {
   std::vector<std::string> other_files;    // config.json, tokenizer files: carried over
 };
 
+// A folder checkpoint's split, read from its headers (no tensor data).
+FolderLayout layout_of(const Checkpoint& checkpoint);
+
 // Every tensor of a checkpoint (file or folder) in host memory, with the version its shards
 // record; `layout` (when given) receives a folder's split.
 HostModel load_model(const Checkpoint& checkpoint, FolderLayout* layout);
 
+// The files pull writes for `tensors` (with `digests` in the same order, or none): one file
+// unless `path` is a folder output, then a folder split as `layout` says when it names exactly
+// these tensors (its index kept byte for byte), else in shards of at most max_shard_bytes. Each
+// file records model_version and the digests of its tensors (and keeps its other metadata; a
+// fresh shard has "format": "pt", which transformers' loader requires).
+struct OutputFile {
+  std::string name;             // inside the folder; the path itself for a single file
+  std::vector<size_t> members;  // indices into `tensors`, in file order
+  st::Metadata metadata;
+};
+struct OutputPlan {
+  bool folder = false;
+  std::vector<OutputFile> files;
+  std::optional<std::string> index;  // model.safetensors.index.json's text, when one is written
+};
+OutputPlan plan_output(std::span<const TensorMeta> tensors, std::optional<uint64_t> version, std::span<const uint64_t> digests,
+                       const std::string& path, const FolderLayout* layout, uint64_t max_shard_bytes);
+
 // Writes the weights atomically: a file (HostModel::save) unless `path` is a folder output, then
-// a folder split as `layout` says when it names exactly these tensors (its index kept byte for
-// byte), else in shards of at most max_shard_bytes. Each shard records model_version and the
-// digests of its tensors (and keeps its other metadata; a fresh shard has "format": "pt", which
-// transformers' loader requires).
+// a folder, as plan_output says.
 void save_model(const HostModel& model, const std::string& path, const FolderLayout* layout, uint64_t max_shard_bytes);
 
 }  // namespace deltasync::cli

@@ -365,6 +365,24 @@ namespace {
 // The 8-byte length followed by the JSON header, padded with spaces so the data section starts
 // 8-byte aligned (as the reference implementation does).
 std::string header_block(std::span<const WriteTensor> tensors, const Metadata& metadata) {
+  for (const WriteTensor& t : tensors) {
+    const auto numel = shape_numel(t.shape);
+    const auto expected = numel ? checked_mul(*numel, dtype_width(t.dtype)) : std::nullopt;
+    if (!expected || *expected != t.bytes.size()) {
+      throw BadInputError("tensor \"" + t.name + "\": " + std::to_string(t.bytes.size()) + " bytes given but " +
+                  std::string(dtype_name(t.dtype)) + " " + shape_text(t.shape) + " needs " +
+                  (expected ? std::to_string(*expected) : std::string("more than 2^64")));
+    }
+  }
+  std::vector<TensorMeta> meta;
+  meta.reserve(tensors.size());
+  for (const WriteTensor& t : tensors) meta.push_back({t.name, t.dtype, t.shape});
+  return header_of(meta, metadata);
+}
+
+}  // namespace
+
+std::string header_of(std::span<const TensorMeta> tensors, const Metadata& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) {
     Json meta = Json::object();
@@ -373,16 +391,12 @@ std::string header_block(std::span<const WriteTensor> tensors, const Metadata& m
   }
   std::set<std::string_view> seen;
   uint64_t offset = 0;
-  for (const WriteTensor& t : tensors) {
+  for (const TensorMeta& t : tensors) {
     if (t.name == kMetadataKey) throw BadInputError("cannot write a tensor named __metadata__");
     if (!seen.insert(t.name).second) throw BadInputError("cannot write tensor \"" + t.name + "\" twice");
     const auto numel = shape_numel(t.shape);
     const auto expected = numel ? checked_mul(*numel, dtype_width(t.dtype)) : std::nullopt;
-    if (!expected || *expected != t.bytes.size()) {
-      throw BadInputError("tensor \"" + t.name + "\": " + std::to_string(t.bytes.size()) + " bytes given but " +
-                  std::string(dtype_name(t.dtype)) + " " + shape_text(t.shape) + " needs " +
-                  (expected ? std::to_string(*expected) : std::string("more than 2^64")));
-    }
+    if (!expected) throw BadInputError("tensor \"" + t.name + "\": " + shape_text(t.shape) + " needs more than 2^64 bytes");
     header[t.name] = Json{{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + *expected}}};
     offset += *expected;
   }
@@ -402,8 +416,6 @@ std::string header_block(std::span<const WriteTensor> tensors, const Metadata& m
   std::memcpy(block.data(), &length, 8);
   return block + text;
 }
-
-}  // namespace
 
 std::vector<uint8_t> serialize(std::span<const WriteTensor> tensors, const Metadata& metadata) {
   const std::string block = header_block(tensors, metadata);

@@ -73,6 +73,11 @@ struct WriteTensor {
   std::span<const uint8_t> bytes;
 };
 
+// The 8-byte length and the header of a file holding `tensors` in this order, data packed from
+// offset 0: what a writer that fills the data section later (pull streaming an anchor part by
+// part) writes first. Throws BadInputError as serialize does.
+std::string header_of(std::span<const TensorMeta> tensors, const Metadata& metadata);
+
 // Serializes to memory (header padded with spaces to a multiple of 8, as the reference
 // implementation does). Throws Error on inconsistent input (duplicate names, size mismatch).
 std::vector<uint8_t> serialize(std::span<const WriteTensor> tensors, const Metadata& metadata);

@@ -1,6 +1,9 @@
 #include "sync/receiver.hpp"
 
+#include <cerrno>
 #include <cstring>
+#include <string_view>
+#include <unordered_map>
 
 #include "codec/compact_two_phase.hpp"
 #include "codec/digest.hpp"
@@ -52,6 +55,98 @@ void TensorReceiver::load_anchor(std::span<const TensorMeta> meta, std::span<con
   for (size_t t = 0; t < targets_.size(); ++t) engine_.write(targets_[t], 0, bytes[t]);
   digests_.assign(digests.begin(), digests.end());
   version_ = version;
+}
+
+void TensorReceiver::begin_anchor(std::span<const TensorMeta> table, uint64_t version) {
+  // The refusals, and their order, of a whole anchor's (the subscriber's order_like, then
+  // check_same_model): a tensor the model lacks, one the anchor lacks, another dtype or shape.
+  const std::string label = "anchor of version " + std::to_string(version);
+  std::unordered_map<std::string_view, size_t> mine;
+  for (size_t t = 0; t < meta_.size(); ++t) mine.emplace(meta_[t].name, t);
+  for (const TensorMeta& t : table)
+    if (!mine.count(t.name)) throw BadInputError(label + ": tensor " + t.name + " is not in this model");
+  if (table.size() != meta_.size()) {
+    std::unordered_map<std::string_view, size_t> theirs;
+    for (size_t k = 0; k < table.size(); ++k) theirs.emplace(table[k].name, k);
+    for (const TensorMeta& m : meta_)
+      if (!theirs.count(m.name)) throw BadInputError(label + ": has no tensor " + m.name + " of the model");
+    throw BadInputError(label + ": holds " + std::to_string(table.size()) + " tensors, the model has " + std::to_string(meta_.size()));
+  }
+  anchor_target_.assign(table.size(), 0);
+  for (size_t k = 0; k < table.size(); ++k) {
+    const auto it = mine.find(table[k].name);
+    const TensorMeta& m = meta_[it->second];
+    if (table[k].dtype != m.dtype || table[k].shape != m.shape)
+      throw BadInputError(label + ": tensor " + m.name + " is " + describe(table[k]) + ", the model's is " + describe(m));
+    anchor_target_[k] = it->second;
+  }
+  anchor_index_.clear();
+  for (size_t t = 0; t < meta_.size(); ++t) anchor_index_.emplace(meta_[t].name, t);
+  version_before_ = version_;
+  digests_before_ = digests_;
+  close_undo();
+  undo_ = std::tmpfile();
+  if (!undo_) throw Error(label + ": cannot create the undo file for a streamed anchor: " + std::strerror(errno));
+  anchor_written_.assign(meta_.size(), false);
+  undo_order_.clear();
+}
+
+void TensorReceiver::write_anchor_part(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes) {
+  if (!undo_) throw Error("receiver: an anchor part outside begin_anchor/finish_anchor (internal error)");
+  std::vector<uint8_t> old;
+  for (size_t k = 0; k < meta.size(); ++k) {
+    const auto at = anchor_index_.find(meta[k].name);
+    if (at == anchor_index_.end()) throw BadInputError("anchor: tensor " + meta[k].name + " is not in this model");
+    const size_t t = at->second;
+    if (anchor_written_[t]) throw BadInputError("anchor: tensor " + meta[k].name + " comes twice");
+    const TensorRef& target = targets_[t];
+    if (bytes[k].size() != target.numel * target.width)
+      throw BadInputError("anchor: tensor " + meta[k].name + " has " + std::to_string(bytes[k].size()) + " bytes, the model's " +
+                          std::to_string(target.numel * target.width));
+    // Its old bits go to the undo file before the first new bit reaches it.
+    old.resize(bytes[k].size());
+    engine_.read(ConstTensorRef{target.name, target.data, target.numel, target.width}, 0, old);
+    if (std::fwrite(old.data(), 1, old.size(), undo_) != old.size())
+      throw Error("anchor: cannot save tensor " + meta[k].name + "'s old bits to the undo file: " + std::strerror(errno));
+    undo_order_.push_back(t);
+    anchor_written_[t] = true;
+    // From the first write the weights hold a mix until finish_anchor or abort_anchor.
+    version_.reset();
+    digests_.clear();
+    engine_.write(target, 0, bytes[k]);
+  }
+}
+
+void TensorReceiver::finish_anchor(std::span<const uint64_t> digests, uint64_t version) {
+  for (size_t t = 0; t < meta_.size(); ++t)
+    if (!anchor_written_[t]) throw BadInputError("anchor of version " + std::to_string(version) + ": has no tensor " + meta_[t].name);
+  digests_.assign(meta_.size(), 0);
+  for (size_t k = 0; k < anchor_target_.size(); ++k) digests_[anchor_target_[k]] = digests[k];
+  version_ = version;
+  close_undo();
+}
+
+void TensorReceiver::abort_anchor() {
+  if (!undo_) return;
+  std::rewind(undo_);
+  std::vector<uint8_t> old;
+  for (size_t t : undo_order_) {
+    const TensorRef& target = targets_[t];
+    old.resize(target.numel * target.width);
+    if (std::fread(old.data(), 1, old.size(), undo_) != old.size())
+      throw Error("anchor: cannot read tensor " + meta_[t].name + "'s old bits back from the undo file");
+    engine_.write(target, 0, old);
+  }
+  // Every written tensor holds its old bits again: so do the version and digests.
+  version_ = version_before_;
+  digests_ = digests_before_;
+  close_undo();
+}
+
+void TensorReceiver::close_undo() {
+  if (undo_) std::fclose(undo_);
+  undo_ = nullptr;
+  undo_order_.clear();
 }
 
 uint64_t TensorReceiver::apply(const engine::DeltaToApply& delta, engine::TransferCounters& transfer) {

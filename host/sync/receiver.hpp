@@ -7,8 +7,11 @@
 //   (torch_ext adds the vLLM receiver, whose weights are the engine's fused, sharded parameters)
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <span>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/engine.hpp"
@@ -54,6 +57,20 @@ class Receiver {
   // when they live elsewhere.
   virtual std::vector<ConstTensorRef> host_bits() const { return {}; }
 
+  // Anchors part by part (Subscriber::stream_anchor), for a receiver whose host memory must
+  // stay bounded by a part, not the model: begin_anchor(table) refuses a table that is not the
+  // receiver's model before anything is written; write_anchor_part writes verified tensors
+  // (some of the table, each once); finish_anchor makes version() == version (digests in table
+  // order); abort_anchor, after a failure between begin and finish, puts back every bit the
+  // parts wrote. A receiver that returns false loads anchors whole (load_anchor).
+  virtual bool streams_anchors() const { return false; }
+  virtual void begin_anchor(std::span<const TensorMeta> table, uint64_t version) { (void)table, (void)version; }
+  virtual void write_anchor_part(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes) {
+    (void)meta, (void)bytes;
+  }
+  virtual void finish_anchor(std::span<const uint64_t> digests, uint64_t version) { (void)digests, (void)version; }
+  virtual void abort_anchor() {}
+
   // This rank failed a step before handing it to the receiver (a fetch, an anchor's
   // verification, a delta file that does not parse). A receiver whose ranks agree before they
   // write (the mapped receiver over a tensor-parallel group) takes part in that step's agreement
@@ -65,6 +82,7 @@ class Receiver {
 class TensorReceiver final : public Receiver {
  public:
   TensorReceiver(std::vector<TensorMeta> meta, std::vector<TensorRef> targets, engine::SyncEngine& engine);
+  ~TensorReceiver() override { close_undo(); }
 
   std::vector<TensorMeta> tensors() const override { return meta_; }
   std::optional<uint64_t> version() const override { return version_; }
@@ -77,12 +95,32 @@ class TensorReceiver final : public Receiver {
                          engine::TransferCounters& transfer) override;
   std::vector<ConstTensorRef> host_bits() const override;
 
+  // Streamed anchors: the bits a part replaces are first saved, tensor by tensor, to an undo
+  // file (an unlinked temporary file, not host memory), so a later part's failure restores
+  // every tensor written and the weights are never left part old, part new. Host memory: the
+  // part being written plus one tensor's old bits.
+  bool streams_anchors() const override { return true; }
+  void begin_anchor(std::span<const TensorMeta> table, uint64_t version) override;
+  void write_anchor_part(std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes) override;
+  void finish_anchor(std::span<const uint64_t> digests, uint64_t version) override;
+  void abort_anchor() override;
+
  private:
+  void close_undo();
   std::vector<TensorMeta> meta_;
   std::vector<TensorRef> targets_;
   engine::SyncEngine& engine_;
   std::optional<uint64_t> version_;
   std::vector<uint64_t> digests_;
+  // A streamed anchor in progress: table position -> target, and what the undo file holds
+  // (targets in write order; each one's old bits, whole, one after the other).
+  std::vector<size_t> anchor_target_;
+  std::unordered_map<std::string, size_t> anchor_index_;  // name -> target
+  std::vector<bool> anchor_written_;
+  std::optional<uint64_t> version_before_;  // what abort_anchor puts back with the bits
+  std::vector<uint64_t> digests_before_;
+  std::vector<size_t> undo_order_;
+  std::FILE* undo_ = nullptr;
 };
 
 // A HostModel (CPU twin): an empty model takes its tensors from the first anchor; version and

@@ -193,7 +193,11 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
   if (plan.anchor_version) {
     anchor = catalog_.find(*plan.anchor_version);
     if (!anchor) throw NotFoundError(store_.describe(protocol::manifest_key(*plan.anchor_version)) + ": anchor version disappeared");
-    objects = anchor->anchor_parts;
+    // Part by part where the receiver can: host memory one part, not the model.
+    if (weights.streams_anchors() && stream_anchor_into(*anchor, weights, report))
+      anchor = nullptr;
+    else
+      objects = anchor->anchor_parts;
   }
   for (uint64_t v : plan.deltas) {
     const protocol::Manifest* m = catalog_.find(v);
@@ -260,6 +264,48 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
   report.apply_seconds += seconds_since(t1);
 }
 
+bool Subscriber::stream_anchor_into(const protocol::Manifest& anchor, Receiver& weights, SyncReport& report) {
+  std::vector<TensorMeta> table;
+  try {
+    table = anchor_table(anchor);
+    weights.begin_anchor(table, anchor.version);
+  } catch (...) {
+    weights.abandon();
+    throw;
+  }
+  std::unordered_map<std::string_view, size_t> at;
+  for (size_t k = 0; k < table.size(); ++k) at.emplace(table[k].name, k);
+  std::vector<uint64_t> digests(table.size(), 0);
+  SyncReport streamed;
+  try {
+    streamed = stream_anchor(anchor.version, [&](std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
+                                                 std::span<const uint64_t> part_digests) {
+      for (size_t t = 0; t < meta.size(); ++t) {
+        const auto it = at.find(meta[t].name);
+        if (it == at.end()) throw BadInputError("anchor of version " + std::to_string(anchor.version) + ": tensor " + meta[t].name + " is not in its parts' headers");
+        digests[it->second] = part_digests[t];
+      }
+      const auto w0 = Clock::now();
+      weights.write_anchor_part(meta, bytes);
+      report.pause_seconds += seconds_since(w0);
+    });
+    weights.finish_anchor(digests, anchor.version);
+  } catch (const Error& e) {
+    weights.abort_anchor();
+    if (e.kind() == ErrorKind::kUnsupported) return false;
+    throw;
+  } catch (...) {
+    weights.abort_anchor();
+    throw;
+  }
+  report.anchor = anchor.version;
+  report.bytes_fetched += streamed.bytes_fetched;
+  report.fetch_seconds += streamed.fetch_seconds;
+  report.apply_seconds += streamed.apply_seconds;
+  report.applied_elements += streamed.applied_elements;
+  return true;
+}
+
 std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> target) {
   if (!target) target = poll();
   if (!target) throw Error(store_.url() + ": the store has no published versions", ErrorKind::kNotFound);
@@ -267,8 +313,12 @@ std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> ta
   if (!plan || !plan->anchor_version) throw Error(store_.url() + ": no anchor on the chain of version " + std::to_string(*target), ErrorKind::kNotFound);
   const protocol::Manifest* anchor = catalog_.find(*plan->anchor_version);
   if (!anchor) throw NotFoundError(store_.describe(protocol::manifest_key(*plan->anchor_version)) + ": anchor version disappeared");
+  return anchor_table(*anchor);
+}
+
+std::vector<TensorMeta> Subscriber::anchor_table(const protocol::Manifest& anchor) {
   std::vector<TensorMeta> out;
-  for (const auto& part : anchor->anchor_parts) {
+  for (const auto& part : anchor.anchor_parts) {
     const std::string label = store_.describe(part.key);
     const std::vector<uint8_t> head = store_.get_range(part.key, 0, 8);
     uint64_t n = 0;
@@ -315,6 +365,66 @@ std::vector<TensorMeta> Subscriber::published_tensors(std::optional<uint64_t> ta
     for (auto& e : entries) out.push_back(std::move(e.second));
   }
   return out;
+}
+
+SyncReport Subscriber::stream_anchor(uint64_t version, const AnchorPartWriter& write) {
+  const auto start = Clock::now();
+  const protocol::Manifest* found = catalog_.find(version);
+  if (!found || found->anchor_parts.empty())
+    throw NotFoundError(store_.describe(protocol::manifest_key(version)) + ": no anchor at version " + std::to_string(version));
+  const protocol::Manifest manifest = *found;
+  const std::string label = "anchor of version " + std::to_string(version);
+  SyncReport report;
+  report.to = version;
+  report.anchor = version;
+  std::set<std::string> seen;
+  for (size_t k = 0; k < manifest.anchor_parts.size(); ++k) {
+    const protocol::ObjectRef& o = manifest.anchor_parts[k];
+    const auto f0 = Clock::now();
+    auto bytes = store_.get(o.key);
+    protocol::verify_object(o, bytes, store_.describe(o.key));
+    report.bytes_fetched += o.size;
+    report.fetch_seconds += seconds_since(f0);
+    const auto a0 = Clock::now();
+    const st::File file = st::File::from_bytes(std::move(bytes), store_.describe(o.key));
+    const std::optional<uint64_t> part_version = read_model_version(file.metadata(), file.label());
+    if (part_version != version)
+      throw Error(file.label() + ": anchor part is for version " +
+                  (part_version ? std::to_string(*part_version) : std::string("unknown")) + ", expected " + std::to_string(version));
+    if (holds_anchor_slices(file))
+      throw Error(file.label() + ": anchor of slices (a shard-local publish) is loaded whole, not streamed", ErrorKind::kUnsupported);
+    const std::vector<TensorMeta> tensors = model_tensors(file);
+    std::vector<std::span<const uint8_t>> data;
+    std::vector<ConstTensorRef> refs;
+    for (const TensorMeta& m : tensors) {
+      if (!seen.insert(m.name).second) throw Error(label + ": tensor " + m.name + " appears in two anchor parts");
+      data.push_back(file.bytes(file.at(m.name)));
+      refs.push_back(ConstTensorRef{m.name, data.back().data(), m.numel(), m.width()});
+    }
+    const std::vector<uint64_t> digests = digest_tensors(refs);
+    const auto recorded = integrity::read_checkpoint_digests(file.metadata(), file.label());
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (recorded) {
+        auto it = recorded->find(tensors[t].name);
+        if (it != recorded->end() && it->second != digests[t])
+          throw Error(label + ": tensor " + tensors[t].name + " does not match its recorded digest");
+      }
+      if (manifest.digests.empty()) continue;
+      auto it = manifest.digests.find(tensors[t].name);
+      if (it == manifest.digests.end()) throw Error(label + ": tensor " + tensors[t].name + " is not part of version " + std::to_string(version));
+      if (it->second != digest_to_hex(digests[t]))
+        throw Error(label + ": anchor does not match its manifest: tensor " + tensors[t].name + " digest " +
+                    digest_to_hex(digests[t]) + " differs from version " + std::to_string(version) + "'s " + it->second);
+    }
+    write(tensors, data, digests);
+    for (const TensorMeta& m : tensors) report.applied_elements += m.numel();
+    report.apply_seconds += seconds_since(a0);
+  }
+  if (!manifest.digests.empty() && seen.size() != manifest.digests.size())
+    throw Error(label + ": holds " + std::to_string(seen.size()) + " tensors, its manifest " + std::to_string(manifest.digests.size()));
+  report.plan.anchor_version = version;
+  report.total_seconds = seconds_since(start);
+  return report;
 }
 
 SyncReport Subscriber::sync(HostModel& model, std::optional<uint64_t> target) {

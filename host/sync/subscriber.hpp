@@ -93,6 +93,18 @@ class Subscriber {
   // published tensors onto its own parameters learns its map from.
   std::vector<TensorMeta> published_tensors(std::optional<uint64_t> target = std::nullopt);
 
+  // Anchor `version`'s tensors handed to `write` one part at a time: each part is fetched,
+  // checked against the manifest's SHA-256, and its tensors' digests recomputed and compared
+  // with those the part and the manifest record before `write` sees it; then it is dropped, so
+  // host memory is bounded by one part, not the model. Only when every tensor of the manifest
+  // has come exactly once does this return (else Error): until then the caller keeps what
+  // `write` wrote staged (temp names). Error kUnsupported, before `write` is called, for an
+  // anchor of slices (a shard-local publish), which callers load whole.
+  // write(tensors, their bits, their digests) for one part.
+  using AnchorPartWriter = std::function<void(std::span<const TensorMeta>, std::span<const std::span<const uint8_t>>,
+                                              std::span<const uint64_t>)>;
+  SyncReport stream_anchor(uint64_t version, const AnchorPartWriter& write);
+
   protocol::Catalog& catalog() { return catalog_; }
 
   // How long a follower waits before its next poll: `interval_s` (at least kMinPollSeconds)
@@ -103,6 +115,11 @@ class Subscriber {
 
  private:
   void execute(const protocol::CatchUpPlan& plan, Receiver& weights, SyncReport& report);
+  // An anchor part by part into a receiver that streams anchors; false (nothing written) for an
+  // anchor of slices, which is loaded whole.
+  bool stream_anchor_into(const protocol::Manifest& anchor, Receiver& weights, SyncReport& report);
+  // The tensors of an anchor, from ranged reads of its parts' headers (published_tensors).
+  std::vector<TensorMeta> anchor_table(const protocol::Manifest& anchor);
   std::vector<std::vector<uint8_t>> fetch_all(const std::vector<protocol::ObjectRef>& objects, SyncReport& report);
   void note(const std::string& line) const;
   uint64_t take_requests();  // the store's requests since the last call (or construction)
