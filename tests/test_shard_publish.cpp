@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "codec/digest.hpp"
@@ -130,7 +132,9 @@ struct World {
     return shard_placement(meta[t].shape, static_cast<size_t>(layout[t].dim), rank, n);
   }
 
-  World(std::shared_ptr<Store> s, std::vector<Layout> l, uint64_t world, std::string format) : layout(std::move(l)), store(std::move(s)) {
+  World(std::shared_ptr<Store> s, std::vector<Layout> l, uint64_t world, std::string format, std::string run_id = "",
+        bool take_over = false)
+      : layout(std::move(l)), store(std::move(s)) {
     for (size_t t = 0; t < layout.size(); ++t) {
       meta.push_back(TensorMeta{"layers." + std::to_string(t) + ".weight", layout[t].dtype, layout[t].shape});
       full.push_back(random_bytes(meta[t].numel() * meta[t].width(), 100 + t));
@@ -139,11 +143,15 @@ struct World {
     o.delta_format = format;
     o.anchor_every = 4;
     o.anchor_share = 0;  // anchors by count only: versions 1 and 5
+    o.run_id = run_id;
+    o.take_over = take_over;
+    // Rank 0 claims once; every rank gets the outcome through its wire form, as the broadcast carries it.
+    const ClaimOutcome claim = claim_from_json(claim_to_json(claim_for_group(*store, o)), "claim");
     ranks.resize(world);
     for (uint64_t r = 0; r < world; ++r) {
       std::vector<ShardTensor> tensors;
       for (size_t t = 0; t < meta.size(); ++t) tensors.push_back(ShardTensor{meta[t], placement(t, r)});
-      ranks[r] = std::make_unique<ShardPublisher>(store, tensors, r, std::make_unique<engine::CpuSyncEngine>(), o);
+      ranks[r] = std::make_unique<ShardPublisher>(store, tensors, r, claim, std::make_unique<engine::CpuSyncEngine>(), o);
     }
   }
 
@@ -188,7 +196,7 @@ struct World {
     // Through the wire form, as the gather carries them.
     std::vector<PartReceipt> gathered;
     for (const auto& r : receipts) gathered.push_back(receipt_from_json(receipt_to_json(r), "receipt"));
-    const CommitOutcome outcome = commit_parts(*store, gathered, ranks[0]->state().last_anchor_version);
+    const CommitOutcome outcome = commit_parts(*store, gathered, ranks[0]->state().last_anchor_version, ranks[0]->fence());
     const CommitOutcome heard = outcome_from_json(outcome_to_json(outcome), "outcome");
     for (auto& r : ranks) r->conclude(heard);
     return outcome;
@@ -268,12 +276,13 @@ TEST(ShardCommit, AFailedRankCommitsNothingAndTheNextVersionIsAnAnchor) {
   w.step(2);
   auto receipts = w.publish_parts(2);
   receipts[2] = failed_receipt(2, 2, "injected failure");
-  const CommitOutcome out = commit_parts(*w.store, receipts, 1);
+  const CommitOutcome out = commit_parts(*w.store, receipts, 1, w.ranks[0]->fence());
   EXPECT_FALSE(out.committed);
   EXPECT_EQ(out.error, "version 2: rank 2 failed: injected failure");
   for (auto& r : w.ranks) r->conclude(out);
   EXPECT_FALSE(w.store->head(protocol::manifest_key(2)));
   EXPECT_EQ(protocol::read_latest(*w.store), 1u);
+  EXPECT_EQ(protocol::read_latest_pointer(*w.store)->fence, w.ranks[0]->fence());
   // Every rank decides alike: the next version restarts from an anchor.
   for (auto& r : w.ranks) EXPECT_TRUE(r->anchor_due(3));
   w.step(3);
@@ -295,7 +304,7 @@ TEST(ShardCommit, RefusesDisagreeingRanksOverlapsGapsAndMissingParts) {
   w.step(2);
   const auto good = w.publish_parts(2);
   auto refused = [&](std::vector<PartReceipt> receipts) {
-    const CommitOutcome out = commit_parts(*w.store, receipts, 1);
+    const CommitOutcome out = commit_parts(*w.store, receipts, 1, w.ranks[0]->fence());
     EXPECT_FALSE(out.committed);
     EXPECT_FALSE(w.store->head(protocol::manifest_key(2)));
     return out.error;
@@ -448,3 +457,136 @@ TEST(ShardRead, RefusesPartsThatOverlapLeaveAGapOrLeaveTheirPlacement) {
 }
 
 }  // namespace
+
+// ---- fencing: the group claims once and every version carries its fence ---------------------
+
+namespace {
+
+std::map<std::string, std::string> store_bytes(const std::filesystem::path& root) {
+  std::map<std::string, std::string> out;
+  if (!std::filesystem::exists(root)) return out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root))
+    if (e.is_regular_file()) {
+      std::ifstream in(e.path(), std::ios::binary);
+      out[std::filesystem::relative(e.path(), root).string()] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST(ShardFence, EveryCommittedVersionKeepsTheGroupsFenceInLatestAndItsManifest) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact", "a");
+  for (const auto& r : w.ranks) EXPECT_EQ(r->fence(), (protocol::Fence{"a", 1, std::nullopt}));
+  for (uint64_t v = 1; v <= 2; ++v) {
+    if (v > 1) w.step(v);
+    ASSERT_TRUE(w.publish(v).committed);
+    const auto latest = protocol::read_latest_pointer(*w.store);
+    ASSERT_TRUE(latest);
+    EXPECT_EQ(latest->version, v);
+    EXPECT_EQ(latest->fence, w.ranks[0]->fence()) << "LATEST lost the group's fence at version " << v;
+    protocol::Catalog catalog(*w.store);
+    EXPECT_EQ(catalog.find(v)->fence, w.ranks[0]->fence());
+  }
+}
+
+TEST(ShardFence, AnotherRunIsRefusedOnEveryRankWritingNothingAndTakingOverStartsANewEpoch) {
+  TempDir dir;
+  {
+    World a(open_store(dir.path().string()), mixed_layout(), 2, "compact", "a");
+    ASSERT_TRUE(a.publish(1).committed);
+  }
+  const auto before = store_bytes(dir.path());
+  std::shared_ptr<Store> store = open_store(dir.path().string());
+  PublisherOptions o;
+  o.run_id = "b";
+  const ClaimOutcome refused = claim_for_group(*store, o);
+  EXPECT_FALSE(refused.fence);
+  EXPECT_NE(refused.error.find("refusing to publish run b"), std::string::npos) << refused.error;
+  const ClaimOutcome heard = claim_from_json(claim_to_json(refused), "claim");
+  for (uint64_t r = 0; r < 2; ++r) {
+    try {
+      std::vector<ShardTensor> tensors{ShardTensor{TensorMeta{"w", DType::BF16, {4}}, whole_placement(4)}};
+      ShardPublisher p(store, tensors, r, heard, std::make_unique<engine::CpuSyncEngine>());
+      ADD_FAILURE() << "rank " << r << " was not refused";
+    } catch (const protocol::FencedError& e) {
+      EXPECT_EQ(std::string(e.what()), refused.error);
+    }
+  }
+  EXPECT_EQ(store_bytes(dir.path()), before) << "a refused group wrote into the store";
+  World b(open_store(dir.path().string()), mixed_layout(), 2, "compact", "b", /*take_over=*/true);
+  EXPECT_EQ(b.ranks[1]->fence(), (protocol::Fence{"b", 2, 1}));
+  ASSERT_TRUE(b.publish(2).committed);
+  EXPECT_EQ(protocol::read_latest_pointer(*store)->fence, b.ranks[0]->fence());
+}
+
+TEST(ShardFence, AZombieGroupIsRefusedAndNothingItWritesBecomesVisible) {
+  TempDir dir;
+  World old_group(open_store(dir.path().string()), mixed_layout(), 2, "compact", "r");
+  ASSERT_TRUE(old_group.publish(1).committed);
+  old_group.step(2);
+  // The old group uploads its parts of version 2, having passed the fence check...
+  auto receipts = old_group.publish_parts(2);
+  // ... and is partitioned while the run restarts: a new epoch since version 1.
+  World restarted(open_store(dir.path().string()), mixed_layout(), 2, "compact", "r");
+  EXPECT_EQ(restarted.ranks[0]->fence(), (protocol::Fence{"r", 2, 1}));
+  const CommitOutcome out = commit_parts(*old_group.store, receipts, 1, old_group.ranks[0]->fence());
+  EXPECT_FALSE(out.committed);
+  EXPECT_TRUE(out.fenced);
+  EXPECT_NE(out.error.find("was fenced off"), std::string::npos) << out.error;
+  EXPECT_FALSE(old_group.store->head(protocol::manifest_key(2)));
+  const CommitOutcome heard = outcome_from_json(outcome_to_json(out), "outcome");
+  for (auto& r : old_group.ranks) {
+    r->conclude(heard);
+    EXPECT_EQ(r->fenced(), out.error);
+  }
+  // From then on every rank of the old group refuses to publish, uploading nothing.
+  const auto before = store_bytes(dir.path());
+  for (uint64_t r = 0; r < 2; ++r) {
+    const auto bytes = old_group.local(r);
+    std::vector<ConstTensorRef> refs;
+    for (size_t t = 0; t < old_group.meta.size(); ++t)
+      refs.push_back(ConstTensorRef{old_group.meta[t].name, bytes[t].data(), bytes[t].size() / old_group.meta[t].width(), old_group.meta[t].width()});
+    EXPECT_THROW(old_group.ranks[r]->publish_part(3, refs, true), protocol::FencedError);
+    EXPECT_TRUE(old_group.ranks[r]->failed(3, "x").fenced);
+  }
+  EXPECT_EQ(store_bytes(dir.path()), before);
+  // The restarted group publishes on; a follower sees only its versions.
+  restarted.full = old_group.full;
+  ASSERT_TRUE(restarted.publish(2).committed);
+  EXPECT_EQ(protocol::read_latest_pointer(*restarted.store)->fence, restarted.ranks[0]->fence());
+  HostModel follower;
+  auto reader_store = open_store(dir.path().string());
+  Subscriber sub(*reader_store);
+  EXPECT_EQ(sub.sync(follower).to, 2u);
+  expect_same_bits(follower, restarted);
+}
+
+TEST(ShardFence, RanksThatFindTheFenceGoneUploadNothingAndTheCommitIsFenced) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact", "r");
+  ASSERT_TRUE(w.publish(1).committed);
+  World newer(open_store(dir.path().string()), mixed_layout(), 2, "compact", "r");  // a restart elsewhere
+  const auto before = store_bytes(dir.path());
+  w.step(2);
+  std::vector<PartReceipt> receipts;
+  for (uint64_t r = 0; r < 2; ++r) {
+    const auto bytes = w.local(r);
+    std::vector<ConstTensorRef> refs;
+    for (size_t t = 0; t < w.meta.size(); ++t)
+      refs.push_back(ConstTensorRef{w.meta[t].name, bytes[t].data(), bytes[t].size() / w.meta[t].width(), w.meta[t].width()});
+    try {
+      receipts.push_back(w.ranks[r]->publish_part(2, refs, false));
+      ADD_FAILURE() << "rank " << r << " uploaded past its fence";
+    } catch (const protocol::FencedError& e) {
+      receipts.push_back(receipt_from_json(receipt_to_json(w.ranks[r]->failed(2, e.what())), "receipt"));
+    }
+  }
+  EXPECT_EQ(store_bytes(dir.path()), before) << "a fenced-off rank uploaded";
+  const CommitOutcome out = commit_parts(*w.store, receipts, 1, w.ranks[0]->fence());
+  EXPECT_FALSE(out.committed);
+  EXPECT_TRUE(out.fenced);
+  EXPECT_EQ(out.error.rfind("version 2: rank 0: ", 0), 0u) << out.error;
+  EXPECT_EQ(store_bytes(dir.path()), before);
+}

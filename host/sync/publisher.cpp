@@ -137,6 +137,10 @@ void check_options(const PublisherOptions& options) {
     throw Error("publisher: option anchor_share must be a non-negative number", ErrorKind::kInvalidArgument);
 }
 
+protocol::Fence claim_store_for(Store& store, const PublisherOptions& options) {
+  return protocol::claim_store(store, options.run_id.empty() ? std::string(kUnnamedRun) : options.run_id, options.take_over);
+}
+
 Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tensors, PublisherOptions options)
     : Publisher(std::move(store), std::move(tensors), std::make_unique<engine::CpuSyncEngine>(), std::move(options)) {}
 
@@ -157,7 +161,7 @@ Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tenso
                 ErrorKind::kInvalidArgument);
   options_.max_pending = std::max<size_t>(options_.max_pending, 1);
   for (const auto& t : tensors_) model_bytes_ += t.numel() * t.width();
-  fence_ = protocol::claim_store(*store_, options_.run_id.empty() ? std::string(kUnnamedRun) : options_.run_id, options_.take_over);
+  fence_ = claim_store_for(*store_, options_);
   note("claimed " + store_->url() + " for run " + fence_.run_id + ", epoch " + std::to_string(fence_.epoch));
   worker_ = std::thread([this] { worker_loop(); });
 }

@@ -133,6 +133,11 @@ inline auto version_stats_fields() {
 // the count and needs an entry above.
 static_assert(fields::member_count<VersionStats>() == 15, "a VersionStats member needs an entry in version_stats_fields()");
 
+// Claims the store for the run `options` name (run_id, or "unnamed" when empty) with a new epoch,
+// as a publisher does at start-up: protocol::claim_store with options.take_over. FencedError
+// (nothing written) when another run holds the store and take_over is false.
+protocol::Fence claim_store_for(Store& store, const PublisherOptions& options);
+
 // What a publisher must remember between processes (the CLI's --state folder).
 struct PublisherState {
   std::optional<uint64_t> last_version;         // the shadow's version

@@ -33,7 +33,8 @@ uint64_t unix_ms() {
 }  // namespace
 
 std::string receipt_to_json(const PartReceipt& r) {
-  json j{{"rank", r.rank}, {"version", r.version}, {"anchor", r.anchor}, {"error", r.error}, {"delta_format", r.delta_format}};
+  json j{{"rank", r.rank},   {"version", r.version},           {"anchor", r.anchor},
+         {"error", r.error}, {"fenced", r.fenced}, {"delta_format", r.delta_format}};
   j["base_version"] = r.base_version ? json(*r.base_version) : json(nullptr);
   j["delta"] = r.delta ? object_json(*r.delta) : json(nullptr);
   json parts = json::array();
@@ -55,6 +56,7 @@ PartReceipt receipt_from_json(std::string_view text, const std::string& label) {
     r.version = j.at("version").get<uint64_t>();
     r.anchor = j.at("anchor").get<bool>();
     r.error = j.at("error").get<std::string>();
+    r.fenced = j.at("fenced").get<bool>();
     r.delta_format = j.at("delta_format").get<std::string>();
     if (!j.at("base_version").is_null()) r.base_version = j.at("base_version").get<uint64_t>();
     if (!j.at("delta").is_null()) r.delta = object_from(j.at("delta"));
@@ -79,16 +81,51 @@ PartReceipt receipt_from_json(std::string_view text, const std::string& label) {
   }
 }
 
-PartReceipt failed_receipt(uint64_t rank, uint64_t version, const std::string& error) {
+PartReceipt failed_receipt(uint64_t rank, uint64_t version, const std::string& error, bool fenced) {
   PartReceipt r;
   r.rank = rank;
   r.version = version;
   r.error = error.empty() ? std::string("unknown failure") : error;
+  r.fenced = fenced;
   return r;
 }
 
+// The fence travels in LATEST's own text form (protocol::latest_text), so it has one reader.
+std::string claim_to_json(const ClaimOutcome& c) {
+  return json{{"fence", c.fence ? json(protocol::latest_text(protocol::LatestPointer{std::nullopt, c.fence})) : json(nullptr)},
+              {"error", c.error}}
+      .dump();
+}
+
+ClaimOutcome claim_from_json(std::string_view text, const std::string& label) {
+  try {
+    const json j = json::parse(text);
+    ClaimOutcome c;
+    c.error = j.at("error").get<std::string>();
+    if (!j.at("fence").is_null()) {
+      c.fence = protocol::parse_latest_pointer(j.at("fence").get<std::string>(), label).fence;
+      if (!c.fence) throw BadInputError(label + ": a claim without its fence");
+    } else if (c.error.empty()) {
+      throw BadInputError(label + ": a refused claim without its reason");
+    }
+    return c;
+  } catch (const json::exception& e) {
+    throw BadInputError(label + ": malformed claim outcome (" + e.what() + ")");
+  }
+}
+
+ClaimOutcome claim_for_group(Store& store, const PublisherOptions& options) {
+  ClaimOutcome c;
+  try {
+    c.fence = claim_store_for(store, options);
+  } catch (const std::exception& e) {
+    c.error = e.what();
+  }
+  return c;
+}
+
 std::string outcome_to_json(const CommitOutcome& o) {
-  return json{{"version", o.version},           {"committed", o.committed},         {"error", o.error},
+  return json{{"version", o.version},           {"committed", o.committed},         {"error", o.error}, {"fenced", o.fenced},
               {"anchor", o.anchor},             {"delta_bytes", o.delta_bytes},     {"anchor_bytes", o.anchor_bytes},
               {"changed_elements", o.changed_elements}}
       .dump();
@@ -101,6 +138,7 @@ CommitOutcome outcome_from_json(std::string_view text, const std::string& label)
     o.version = j.at("version").get<uint64_t>();
     o.committed = j.at("committed").get<bool>();
     o.error = j.at("error").get<std::string>();
+    o.fenced = j.at("fenced").get<bool>();
     o.anchor = j.at("anchor").get<bool>();
     o.delta_bytes = j.at("delta_bytes").get<uint64_t>();
     o.anchor_bytes = j.at("anchor_bytes").get<uint64_t>();
@@ -185,11 +223,15 @@ protocol::Manifest manifest_from_receipts(std::span<const PartReceipt> receipts,
   return m;
 }
 
-CommitOutcome commit_parts(Store& store, std::span<const PartReceipt> receipts, std::optional<uint64_t> latest_anchor) {
+CommitOutcome commit_parts(Store& store, std::span<const PartReceipt> receipts, std::optional<uint64_t> latest_anchor,
+                           const protocol::Fence& fence) {
   CommitOutcome out;
   if (!receipts.empty()) out.version = receipts[0].version;
   try {
-    const protocol::Manifest m = manifest_from_receipts(receipts, latest_anchor);
+    for (const auto& r : receipts)
+      if (r.fenced) throw protocol::FencedError("version " + std::to_string(r.version) + ": rank " + std::to_string(r.rank) + ": " + r.error);
+    protocol::Manifest m = manifest_from_receipts(receipts, latest_anchor);
+    m.fence = fence;  // commit_version refuses a fenced-off group; LATEST keeps naming its owner
     for (const auto& r : receipts) {
       std::vector<protocol::ObjectRef> objects = r.anchor_parts;
       if (r.delta) objects.push_back(*r.delta);
@@ -206,6 +248,10 @@ CommitOutcome commit_parts(Store& store, std::span<const PartReceipt> receipts, 
     out.delta_bytes = m.delta_bytes();
     out.anchor_bytes = m.anchor_bytes();
     out.changed_elements = m.changed_elements;
+  } catch (const protocol::FencedError& e) {
+    out.committed = false;
+    out.fenced = true;
+    out.error = e.what();
   } catch (const std::exception& e) {
     out.committed = false;
     out.error = e.what();
@@ -213,9 +259,11 @@ CommitOutcome commit_parts(Store& store, std::span<const PartReceipt> receipts, 
   return out;
 }
 
-ShardPublisher::ShardPublisher(std::shared_ptr<Store> store, std::vector<ShardTensor> tensors, uint64_t rank,
+ShardPublisher::ShardPublisher(std::shared_ptr<Store> store, std::vector<ShardTensor> tensors, uint64_t rank, const ClaimOutcome& claim,
                                std::unique_ptr<engine::SyncEngine> engine, PublisherOptions options)
     : store_(std::move(store)), tensors_(std::move(tensors)), rank_(rank), engine_(std::move(engine)), options_(std::move(options)) {
+  if (!claim.fence) throw protocol::FencedError(claim.error);  // rank 0's refusal, raised alike on every rank
+  fence_ = *claim.fence;
   if (!store_) throw Error("shard publisher: no store");
   if (!engine_) engine_ = std::make_unique<engine::CpuSyncEngine>();
   check_options(options_);
@@ -253,6 +301,13 @@ PartReceipt ShardPublisher::publish_part(uint64_t version, std::span<const Const
   if (pending_version_ && version <= *pending_version_)
     throw Error("publish: version " + std::to_string(version) + " is not newer than " + std::to_string(*pending_version_),
                 ErrorKind::kInvalidArgument);
+  if (!fenced_.empty()) throw protocol::FencedError(fenced_);  // the group was fenced off: it stops
+  try {
+    protocol::check_fence(*store_, fence_);  // a fenced-off rank uploads nothing more
+  } catch (const protocol::FencedError& e) {
+    fenced_ = e.what();
+    throw;
+  }
   std::vector<ConstTensorRef> held;
   std::vector<Placement> held_placements;
   for (size_t t : held_) {
@@ -370,7 +425,12 @@ PartReceipt ShardPublisher::publish_part(uint64_t version, std::span<const Const
   return receipt;
 }
 
+PartReceipt ShardPublisher::failed(uint64_t version, const std::string& error) const {
+  return failed_receipt(rank_, version, error, !fenced_.empty());
+}
+
 void ShardPublisher::conclude(const CommitOutcome& outcome) {
+  if (outcome.fenced && fenced_.empty()) fenced_ = outcome.error;
   if (!pending_version_ || outcome.version != *pending_version_ || !outcome.committed) {
     broken_ = true;  // the shadows are ahead of the store: the next version restarts from an anchor
     return;

@@ -4,9 +4,16 @@
 // parts tile every tensor, and commits the version once through protocol::commit_version. The
 // outcome goes back to every rank (conclude), so all of them know whether the version is visible.
 //
+//   rank 0:  claim = claim_for_group(store, options)            once, at the group's start-up
+//   all:     publisher = ShardPublisher(..., broadcast claim, ...)  (the refusal, on every rank)
 //   rank r:  receipt = publisher.publish_part(V, local shards, publisher.anchor_due(V))
-//   rank 0:  outcome = commit_parts(store, gathered receipts, ...)        (nothing on failure)
+//   rank 0:  outcome = commit_parts(store, gathered receipts, ..., publisher.fence())
 //   all:     publisher.conclude(V, broadcast outcome)
+//
+// Fencing (protocol.hpp) is the single publisher's: the group claims the store once, on rank 0,
+// and every version's manifest carries that fence, so commit_version refuses a fenced-off group
+// and LATEST keeps naming its owner. Every rank checks the fence before it uploads (one read of
+// LATEST) and a refusal at commit is in the outcome: from then on every rank refuses to publish.
 //
 // Decisions the ranks must share are made from state they share: anchor_due() depends only on
 // versions and on the committed delta bytes each outcome carries, so every rank decides alike.
@@ -53,6 +60,7 @@ struct PartReceipt {
   std::optional<uint64_t> base_version;
   bool anchor = false;
   std::string error;  // non-empty: this rank failed the version (the rest is not meaningful)
+  bool fenced = false;  // the failure: this rank found its group's fence no longer holds the store
   std::optional<protocol::ObjectRef> delta;  // absent for an anchor-only version or a rank holding nothing
   std::string delta_format;
   std::vector<protocol::ObjectRef> anchor_parts;
@@ -60,14 +68,28 @@ struct PartReceipt {
 };
 std::string receipt_to_json(const PartReceipt& receipt);
 PartReceipt receipt_from_json(std::string_view text, const std::string& label);
-// A receipt saying that `rank` failed `version` (the gather still takes place).
-PartReceipt failed_receipt(uint64_t rank, uint64_t version, const std::string& error);
+// A receipt saying that `rank` failed `version` (the gather still takes place); `fenced`: because
+// its group's fence no longer holds the store.
+PartReceipt failed_receipt(uint64_t rank, uint64_t version, const std::string& error, bool fenced = false);
+
+// What rank 0 tells every rank after claiming the store at the group's start-up: the fence, or
+// the refusal's one line (nothing was written).
+struct ClaimOutcome {
+  std::optional<protocol::Fence> fence;
+  std::string error;  // why not, when !fence
+};
+std::string claim_to_json(const ClaimOutcome& claim);
+ClaimOutcome claim_from_json(std::string_view text, const std::string& label);
+// Rank 0, once per group start-up: claim_store_for(store, options) (a new epoch of options'
+// run). Never throws: a refusal is the outcome's error.
+ClaimOutcome claim_for_group(Store& store, const PublisherOptions& options);
 
 // What rank 0 tells every rank after a commit attempt.
 struct CommitOutcome {
   uint64_t version = 0;
   bool committed = false;
   std::string error;  // why not, when !committed
+  bool fenced = false;  // not committed because the group's fence no longer holds the store
   bool anchor = false;
   uint64_t delta_bytes = 0;   // summed over the parts
   uint64_t anchor_bytes = 0;
@@ -81,18 +103,22 @@ CommitOutcome outcome_from_json(std::string_view text, const std::string& label)
 // or anchor, a tensor's name, dtype or shape, or the placements overlap or leave a gap.
 // `latest_anchor` is the newest anchor before this version.
 protocol::Manifest manifest_from_receipts(std::span<const PartReceipt> receipts, std::optional<uint64_t> latest_anchor);
-// Rank 0: manifest_from_receipts, every object it names present in the store (a part missing:
-// NotFoundError naming it and its rank), then protocol::commit_version. Never throws: a failure is
-// the outcome's error, with nothing visible.
-CommitOutcome commit_parts(Store& store, std::span<const PartReceipt> receipts, std::optional<uint64_t> latest_anchor);
+// Rank 0: manifest_from_receipts with the group's `fence`, every object it names present in the
+// store (a part missing: NotFoundError naming it and its rank), then protocol::commit_version.
+// Never throws: a failure is the outcome's error, with nothing visible; `fenced` when a rank found
+// the fence gone or commit_version refused it (FencedError).
+CommitOutcome commit_parts(Store& store, std::span<const PartReceipt> receipts, std::optional<uint64_t> latest_anchor,
+                           const protocol::Fence& fence);
 
 class ShardPublisher {
  public:
   // `tensors`: the whole model in the order local shards are passed (every rank lists the same
-  // full tensors); `rank` numbers this rank's objects. The engine holds the shadow of the local
-  // shards it publishes (the CPU twin when omitted). Options: anchor_every, anchor_share, format
-  // and keep_anchors apply; merging and background uploads do not (see above).
-  ShardPublisher(std::shared_ptr<Store> store, std::vector<ShardTensor> tensors, uint64_t rank,
+  // full tensors); `rank` numbers this rank's objects. `claim`: rank 0's claim_for_group, the
+  // same on every rank; a refusal throws FencedError with its message. The engine holds the
+  // shadow of the local shards it publishes (the CPU twin when omitted). Options: anchor_every,
+  // anchor_share, format and keep_anchors apply (run_id and take_over went into the claim);
+  // merging and background uploads do not (see above).
+  ShardPublisher(std::shared_ptr<Store> store, std::vector<ShardTensor> tensors, uint64_t rank, const ClaimOutcome& claim,
                  std::unique_ptr<engine::SyncEngine> engine, PublisherOptions options = {});
 
   // True when version `version` must be an anchor: no committed version yet, the last version
@@ -101,11 +127,21 @@ class ShardPublisher {
   bool anchor_due(uint64_t version) const;
   // Encodes this rank's shards (local[t] for tensors[t]: placement.numel() elements; anything
   // for an empty placement), uploads its delta part (and its anchor slices when `anchor`) and
-  // returns the receipt. Throws Error on bad input (nothing uploaded) or a failed upload.
+  // returns the receipt. Throws Error on bad input (nothing uploaded) or a failed upload, and
+  // FencedError, uploading nothing, once the fence no longer holds (checked in LATEST first).
   PartReceipt publish_part(uint64_t version, std::span<const ConstTensorRef> local, bool anchor);
+  // The receipt of a version this rank failed with `error` (fenced when publish_part found the
+  // fence gone).
+  PartReceipt failed(uint64_t version, const std::string& error) const;
   // Every rank, with rank 0's outcome for the version publish_part last returned (or one that
-  // failed before it returned). Retention runs on rank 0 after a committed anchor.
+  // failed before it returned). Retention runs on rank 0 after a committed anchor. A fenced
+  // outcome stops this rank: publish_part refuses from then on.
   void conclude(const CommitOutcome& outcome);
+
+  // The run and epoch the group claimed the store with.
+  const protocol::Fence& fence() const { return fence_; }
+  // Non-empty once this rank knows the fence no longer holds: why.
+  const std::string& fenced() const { return fenced_; }
 
   PublisherState state() const { return committed_; }
   const std::vector<ShardTensor>& tensors() const { return tensors_; }
@@ -120,6 +156,8 @@ class ShardPublisher {
   uint64_t rank_ = 0;
   std::unique_ptr<engine::SyncEngine> engine_;
   PublisherOptions options_;
+  protocol::Fence fence_;
+  std::string fenced_;
   DeltaFormat format_ = DeltaFormat::Compact;
   uint64_t model_bytes_ = 0;
 

@@ -10,6 +10,10 @@ MODE: fsdp2   a Sequential of Linears sharded with fully_shard, trained with Ada
       trl     fsdp2's model published by deltasync.trl's DeltaSyncCallback (full_tensor() made to fail
               while it publishes: shard-local, never gathered)
       mismatch rank 1 claims another full shape for a plain per-rank tensor (bad input)
+      fenced  fsdp2's model published as run $DS_RUN_ID (take_over when $DS_TAKE_OVER is 1); prints
+              FENCE {fence} after the claim, or REFUSED <error> and stops at a refusal (the claim's
+              or a version's); KILL_AT is then the version before which every rank pauses
+              (creates OUT_DIR/paused-RANK, waits for OUT_DIR/resume) while another group runs
 KILL_AT: rank 1 uploads its part of that version and is SIGKILLed before the gather.
 """
 import datetime
@@ -17,12 +21,14 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import deltasync
+from deltasync.errors import DeltaSyncError
 from deltasync.sharded import ShardedPublishError
 
 
@@ -104,9 +110,19 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if mode == "trl":
         pub = CallbackPublisher(model, store)
+    elif mode == "fenced":
+        try:
+            pub = deltasync.ShardedDeltaPublisher(model, store=store, anchor_every=4, anchor_share=0,
+                                                  run_id=os.environ["DS_RUN_ID"],
+                                                  take_over=os.environ.get("DS_TAKE_OVER") == "1")
+        except DeltaSyncError as e:
+            print("REFUSED", type(e).__name__, e, flush=True)
+            dist.destroy_process_group()
+            return
+        print("FENCE", json.dumps(pub.fence), flush=True)
     else:
         pub = deltasync.ShardedDeltaPublisher(model, store=store, anchor_every=4, anchor_share=0)
-    if kill_at is not None and rank == 1:
+    if kill_at is not None and rank == 1 and mode != "fenced":
         real = pub._native
 
         class DiesAfterUpload:  # the part reaches the store, the receipt never reaches rank 0
@@ -133,7 +149,17 @@ def main():
             loss.backward()
             opt.step()
             opt.zero_grad()
-        outcome = pub.publish(version)
+        if mode == "fenced" and version == kill_at:
+            open(os.path.join(out_dir, f"paused-{rank}"), "w").close()
+            while not os.path.exists(os.path.join(out_dir, "resume")):
+                time.sleep(0.1)
+        try:
+            outcome = pub.publish(version)
+        except ShardedPublishError as e:
+            if mode != "fenced":
+                raise
+            print("REFUSED", type(e).__name__, e, flush=True)
+            break
         # The test's view of the weights (gathered for checking only).
         with torch.no_grad():
             full = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()

@@ -2,12 +2,15 @@
 its own shard, the group commits each version once, and a single-process DeltaSubscriber and the
 CLI's `pull` stay bit-identical to the gathered weights at every version. Also: a rank killed
 mid-publish makes nothing visible and a restarted group publishes on; ranks disagreeing about a
-tensor's shape are refused on every rank."""
+tensor's shape are refused on every rank. Fencing: another run's group is refused on every rank
+and writes nothing, taking over is explicit, a restarted group takes a new epoch and the old
+group, still alive, is refused with nothing of it visible."""
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,16 +28,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world, *args, timeout=300):
-    """Runs sharded_rank.py on `world` ranks; returns [(returncode, output)] in rank order."""
+def start(world, *args, env=None):
+    """Starts sharded_rank.py on `world` ranks (extra environment `env`); returns the processes."""
     port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", DELTASYNC_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "sharded_rank.py"), *map(str, args)], env=env,
+        rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port), OMP_NUM_THREADS="1", DELTASYNC_THREADS="1", **(env or {}))
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "sharded_rank.py"), *map(str, args)], env=rank_env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def finish(procs, timeout=300):
     return [(p.wait(timeout=timeout), p.communicate()[0]) for p in procs]
+
+
+def launch(world, *args, timeout=300, env=None):
+    """Runs sharded_rank.py on `world` ranks; returns [(returncode, output)] in rank order."""
+    return finish(start(world, *args, env=env), timeout)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -102,7 +114,7 @@ def test_a_rank_killed_mid_publish_makes_nothing_visible_and_a_restarted_group_p
     assert results[0][0] != 0  # rank 0 saw the gather fail: nothing committed
     manifests = sorted(p.name for p in (tmp_path / "store" / "manifests").iterdir())
     assert manifests == [f"{1:020d}.json", f"{2:020d}.json"], manifests
-    assert (tmp_path / "store" / "LATEST").read_text() == "2\n"
+    assert (tmp_path / "store" / "LATEST").read_text() == "2\nrun unnamed\nepoch 1\nsince none\n"
     # Rank 1's part of version 3 reached the store, but no manifest names it.
     assert any(p.name.startswith(f"{3:020d}-") for p in (tmp_path / "store" / "deltas").iterdir())
     # A follower at version 2 ...
@@ -129,4 +141,78 @@ def test_ranks_that_disagree_about_a_tensor_are_refused_on_every_rank(tmp_path):
         refused = [line for line in text.splitlines() if line.startswith("REFUSED")]
         assert refused == ["REFUSED version 1: rank 1 reports tensor w as BF16[8, 5], rank 0 as BF16[8, 4]"], text
     assert not (store / "manifests").exists() or not any((store / "manifests").iterdir())
-    assert not (store / "LATEST").exists()
+    # The group's claim is all there is: no version.
+    assert (store / "LATEST").read_text() == "none\nrun unnamed\nepoch 1\nsince none\n"
+
+
+def store_bytes(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def lines_of(results, tag):
+    """Each rank's lines starting with `tag`, after checking that every rank exited cleanly."""
+    out = []
+    for rank, (rc, text) in enumerate(results):
+        assert rc == 0, f"rank {rank} exited with {rc}:\n{text}"
+        out.append([line[len(tag) + 1:] for line in text.splitlines() if line.startswith(tag + " ")])
+    return out
+
+
+def follow(store, out: Path, version):
+    """A single-process follower at `version`, bit-identical to what the group saved of it."""
+    want = torch.load(out / f"v{version}.pt")
+    model = {name: torch.zeros_like(t) for name, t in want.items()}
+    sub = deltasync.DeltaSubscriber(model, store=store)
+    assert sub.update() == version
+    for name, t in want.items():
+        assert torch.equal(bits(model[name]), bits(t)), f"{name} at version {version}"
+
+
+def fenced_dirs(tmp_path, *groups):
+    """The store's folder, its URL and an output folder per group."""
+    outs = [tmp_path / g for g in groups]
+    for out in outs:
+        out.mkdir()
+    return tmp_path / "store", f"file://{tmp_path / 'store'}", *outs
+
+
+def test_another_runs_group_is_refused_on_every_rank_and_taking_over_is_explicit(tmp_path):
+    root, store, out_a, out_b = fenced_dirs(tmp_path, "a", "b")
+    fences = lines_of(launch(2, "fenced", store, out_a, 1, 2, env={"DS_RUN_ID": "a"}), "FENCE")
+    assert [json.loads(f[0]) for f in fences] == [{"run_id": "a", "epoch": 1, "since": None}] * 2
+    assert (root / "LATEST").read_text() == "2\nrun a\nepoch 1\nsince none\n"  # the group's fence kept
+    before = store_bytes(root)
+    refused = lines_of(launch(2, "fenced", store, out_b, 3, 2, env={"DS_RUN_ID": "b"}), "REFUSED")
+    assert refused[0] == refused[1] and len(refused[0]) == 1, refused
+    assert refused[0][0].startswith("InvalidArgumentError "), refused
+    assert "the store is published by run a (epoch 1); refusing to publish run b into it" in refused[0][0]
+    assert store_bytes(root) == before, "a refused group wrote into the store"
+    fences = lines_of(launch(2, "fenced", store, out_b, 3, 2, env={"DS_RUN_ID": "b", "DS_TAKE_OVER": "1"}), "FENCE")
+    assert [json.loads(f[0]) for f in fences] == [{"run_id": "b", "epoch": 2, "since": 2}] * 2
+    assert (root / "LATEST").read_text() == "4\nrun b\nepoch 2\nsince 2\n"
+    follow(store, out_b, 4)
+
+
+def test_a_restarted_group_takes_a_new_epoch_and_the_old_group_still_alive_is_refused(tmp_path):
+    root, store, out_old, out_new = fenced_dirs(tmp_path, "old", "new")
+    old = start(2, "fenced", store, out_old, 1, 3, 3, env={"DS_RUN_ID": "r"})  # pauses before version 3
+    deadline = time.monotonic() + 240
+    while not all((out_old / f"paused-{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in old), finish(old)
+        time.sleep(0.2)
+    assert (root / "LATEST").read_text() == "2\nrun r\nepoch 1\nsince none\n"
+    # The restart, while the old group is only partitioned: a new epoch from version 2.
+    fences = lines_of(launch(2, "fenced", store, out_new, 3, 2, env={"DS_RUN_ID": "r"}), "FENCE")
+    assert [json.loads(f[0]) for f in fences] == [{"run_id": "r", "epoch": 2, "since": 2}] * 2
+    assert (root / "LATEST").read_text() == "4\nrun r\nepoch 2\nsince 2\n"
+    before = store_bytes(root)
+    (out_old / "resume").touch()
+    refused = lines_of(finish(old), "REFUSED")
+    assert len(refused[0]) == 1 and len(refused[1]) == 1, refused
+    for line in (refused[0][0], refused[1][0]):
+        assert line.startswith("ShardedFencedError version 3: rank "), line
+        assert "run r (epoch 1) was fenced off: the store is now run r (epoch 2)" in line
+    assert refused[0] == refused[1]
+    assert store_bytes(root) == before, "the fenced-off group wrote into the store"
+    # A follower sees only the new epoch's versions (its version 3 and 4), bit-identical.
+    follow(store, out_new, 4)

@@ -15,6 +15,9 @@ by 8 ranks reads exactly like one published by 1 (host/sync/shard_publish.hpp, s
 Construct and publish on every rank of the group, like a collective. Python only reads where the
 shards sit (placements, device_mesh, to_local(); never full_tensor()) and runs the gather and the
 broadcast; the C++ core does the rest.
+
+Fencing is DeltaPublisher's: rank 0 claims the store once at construction (run_id=, take_over=),
+the outcome is broadcast, and a refusal is raised on every rank before anything is written.
 """
 from __future__ import annotations
 
@@ -26,12 +29,18 @@ import torch.distributed as dist
 
 from ._library import native
 from ._params import named_tensors
-from .errors import DeltaSyncError
+from .errors import DeltaSyncError, InvalidArgumentError
 
 
 class ShardedPublishError(DeltaSyncError):
     """A version did not become visible (a rank failed, or the commit refused the parts); raised on
     every rank. The next version is published as an anchor."""
+
+
+class ShardedFencedError(ShardedPublishError, InvalidArgumentError):
+    """The group's fence no longer holds the store (another run, or a newer epoch of this run,
+    claimed it): raised on every rank, and nothing this group publishes from then on becomes
+    visible (docs/stores.md, Fencing)."""
 
 
 def _dtensor_type():
@@ -76,7 +85,9 @@ class ShardedDeltaPublisher:
         every rank. `offsets`: {name: (full_shape, flat_offset)} for plain per-rank tensors that
         hold a contiguous piece of a larger tensor. `process_group`: the trainer ranks (default:
         the default group). The keywords are DeltaPublisher's (anchor_every, anchor_share,
-        format, keep_anchors, ...)."""
+        format, keep_anchors, run_id, take_over, ...). Rank 0 claims the store for run_id with a
+        new epoch; a store held by another run (without take_over) raises InvalidArgumentError
+        with the same one line on every rank, nothing written."""
         if not dist.is_initialized():
             raise RuntimeError("deltasync.ShardedDeltaPublisher: torch.distributed is not initialized")
         self.group = process_group
@@ -89,8 +100,10 @@ class ShardedDeltaPublisher:
         self._params = [t for _, t in named]
         specs, local = self._locals()
         self.store = str(store)
-        self._native = native().ShardPublisher(self.store, self.names, local, specs, self.rank,
-                                               {k: v for k, v in options.items()}, log)
+        options = dict(options)
+        claim = [native().claim_for_group(self.store, options) if self.rank == 0 else None]
+        dist.broadcast_object_list(claim, src=self._root, group=self.group)
+        self._native = native().ShardPublisher(self.store, self.names, local, specs, self.rank, claim[0], options, log)
         self.last_outcome: dict | None = None
         self.outcomes: list[dict] = []
 
@@ -103,13 +116,14 @@ class ShardedDeltaPublisher:
         """Every rank, the same version: encodes and uploads this rank's part, then the group
         commits it once. Returns the outcome (committed, anchor, delta_bytes, anchor_bytes,
         changed_elements); raises ShardedPublishError on every rank when the version did not
-        become visible."""
+        become visible, ShardedFencedError when because the group was fenced off (and from then on
+        at every publish)."""
         version = int(version)
         want_anchor = self._native.anchor_due(version) if anchor is None else bool(anchor)
         try:
             receipt = self._native.publish_part(version, self._locals()[1], want_anchor)
         except Exception as e:  # noqa: BLE001 -- reported to rank 0 so that nothing is committed
-            receipt = native().failed_receipt(self.rank, version, f"{type(e).__name__}: {e}")
+            receipt = self._native.failed_receipt(version, f"{type(e).__name__}: {e}")
         gathered = [None] * self.world if self.rank == 0 else None
         dist.gather_object(receipt, gathered, dst=self._root, group=self.group)
         box = [self._native.commit(gathered) if self.rank == 0 else None]
@@ -121,12 +135,18 @@ class ShardedDeltaPublisher:
         self.last_outcome = outcome
         self.outcomes.append(outcome)
         if not outcome["committed"]:
-            raise ShardedPublishError(outcome["error"])
+            raise (ShardedFencedError if outcome["fenced"] else ShardedPublishError)(outcome["error"])
         return outcome
 
     def state(self) -> dict:
         """What the store shows, as every rank knows it: last_version, last_anchor_version, ..."""
         return self._native.state()
+
+    @property
+    def fence(self) -> dict:
+        """The run and epoch the group claimed the store with: run_id, epoch, since (the version
+        the epoch started from; None for an empty store). The same on every rank."""
+        return self._native.fence
 
     def placements(self) -> list[tuple[str, list[int]]]:
         """(name, [first, run_length, run_stride, run_count]) of what this rank publishes."""

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "bindings/fence_dict.hpp"
 #include "bindings/log_callback.hpp"
 #include "bindings/module.hpp"
 #include "bindings/records.hpp"
@@ -118,13 +119,7 @@ class PublisherBinding {
   }
 
   // The run and epoch the store was claimed with (kept after close).
-  py::dict fence() const {
-    py::dict d;
-    d["run_id"] = fence_.run_id;
-    d["epoch"] = fence_.epoch;
-    d["since"] = fence_.since ? py::object(py::int_(*fence_.since)) : py::none();
-    return d;
-  }
+  py::dict fence() const { return fence_dict(fence_); }
 
   py::dict state() const {
     const PublisherState s = publisher_ ? publisher_->state() : closed_state_;

@@ -1,10 +1,12 @@
 // Binding of deltasync::ShardPublisher (sync/shard_publish.hpp): the Python ShardedDeltaPublisher
 // passes each rank's local shards and says where they sit (a placement spec per tensor, read from
-// the DTensor's placements); the C++ side encodes, uploads, checks the receipts and commits. The
-// gather of the receipts and the broadcast of the outcome are torch.distributed calls in Python.
+// the DTensor's placements); the C++ side claims the store (rank 0), encodes, uploads, checks the
+// receipts and commits. The broadcast of the claim, the gather of the receipts and the broadcast
+// of the outcome are torch.distributed calls in Python.
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
+#include "bindings/fence_dict.hpp"
 #include "bindings/log_callback.hpp"
 #include "bindings/module.hpp"
 #include "bindings/records.hpp"
@@ -48,23 +50,45 @@ Placement placement_of(const Spec& spec, uint64_t local_numel, const std::string
   return p;
 }
 
+PublisherOptions options_from(const py::dict& options) {
+  PublisherOptions o;
+  for (const std::string& key : set_fields(o, publisher_option_fields(), options, "deltasync.ShardedDeltaPublisher"))
+    throw Error("deltasync.ShardedDeltaPublisher: unknown option '" + key + "'", ErrorKind::kInvalidArgument);
+  return o;
+}
+
+// Rank 0, at the group's start-up: the claim's outcome (JSON) for every rank. Bad options are
+// raised by every rank's constructor alike, so they only make the claim's error here.
+std::string claim_for_group_json(const std::string& store_url, const py::dict& options) {
+  ClaimOutcome claim;
+  try {
+    const PublisherOptions o = options_from(options);
+    const std::shared_ptr<Store> store = open_store(store_url);
+    py::gil_scoped_release nogil;
+    claim = claim_for_group(*store, o);
+  } catch (const std::exception& e) {
+    claim.error = e.what();
+  }
+  return claim_to_json(claim);
+}
+
 class ShardPublisherBinding {
  public:
   ShardPublisherBinding(const std::string& store_url, const std::vector<std::string>& names, const std::vector<at::Tensor>& local,
-                        const std::vector<Spec>& specs, uint64_t rank, const py::dict& options, py::object log)
+                        const std::vector<Spec>& specs, uint64_t rank, const std::string& claim, const py::dict& options,
+                        py::object log)
       : names_(names) {
     const TensorSet set = tensor_set(names, local, "deltasync.ShardedDeltaPublisher");
     if (specs.size() != names.size()) throw Error("deltasync.ShardedDeltaPublisher: one placement per tensor is needed");
-    PublisherOptions o;
-    for (const std::string& key : set_fields(o, publisher_option_fields(), options, "deltasync.ShardedDeltaPublisher"))
-      throw Error("deltasync.ShardedDeltaPublisher: unknown option '" + key + "'", ErrorKind::kInvalidArgument);
+    PublisherOptions o = options_from(options);
     o.log = log_callback(std::move(log));
     std::vector<ShardTensor> tensors;
     for (size_t t = 0; t < names.size(); ++t)
       tensors.push_back(ShardTensor{TensorMeta{names[t], set.meta[t].dtype, std::get<1>(specs[t])},
                                     placement_of(specs[t], set.meta[t].numel(), names[t])});
     store_ = open_store(store_url);
-    publisher_ = std::make_unique<ShardPublisher>(store_, std::move(tensors), rank, engine_for(set, engine::EngineOptions{}), std::move(o));
+    publisher_ = std::make_unique<ShardPublisher>(store_, std::move(tensors), rank, claim_from_json(claim, "claim outcome"),
+                                                  engine_for(set, engine::EngineOptions{}), std::move(o));
   }
 
   bool anchor_due(uint64_t version) const { return publisher_->anchor_due(version); }
@@ -86,8 +110,10 @@ class ShardPublisherBinding {
       failed.error = e.what();
       return outcome_to_json(failed);
     }
-    return outcome_to_json(commit_parts(*store_, parsed, publisher_->state().last_anchor_version));
+    return outcome_to_json(commit_parts(*store_, parsed, publisher_->state().last_anchor_version, publisher_->fence()));
   }
+
+  std::string failed_receipt(uint64_t version, const std::string& error) const { return receipt_to_json(publisher_->failed(version, error)); }
 
   void conclude(const std::string& outcome) { publisher_->conclude(outcome_from_json(outcome, "commit outcome")); }
 
@@ -99,6 +125,8 @@ class ShardPublisherBinding {
     d["delta_bytes_since_anchor"] = s.delta_bytes_since_anchor;
     return d;
   }
+
+  py::dict fence() const { return fence_dict(publisher_->fence()); }
 
   // (name, [first, run_length, run_stride, run_count]) of what this rank publishes.
   std::vector<std::pair<std::string, std::vector<uint64_t>>> placements() const {
@@ -119,18 +147,18 @@ class ShardPublisherBinding {
 void bind_shard_publisher(py::module_& m) {
   py::class_<ShardPublisherBinding>(m, "ShardPublisher")
       .def(py::init<const std::string&, const std::vector<std::string>&, const std::vector<at::Tensor>&, const std::vector<Spec>&,
-                    uint64_t, const py::dict&, py::object>(),
-           py::arg("store"), py::arg("names"), py::arg("local"), py::arg("specs"), py::arg("rank"), py::arg("options"),
-           py::arg("log") = py::none())
+                    uint64_t, const std::string&, const py::dict&, py::object>(),
+           py::arg("store"), py::arg("names"), py::arg("local"), py::arg("specs"), py::arg("rank"), py::arg("claim"),
+           py::arg("options"), py::arg("log") = py::none())
       .def("anchor_due", &ShardPublisherBinding::anchor_due, py::arg("version"))
       .def("publish_part", &ShardPublisherBinding::publish_part, py::arg("version"), py::arg("local"), py::arg("anchor"))
       .def("commit", &ShardPublisherBinding::commit, py::arg("receipts"))
+      .def("failed_receipt", &ShardPublisherBinding::failed_receipt, py::arg("version"), py::arg("error"))
       .def("conclude", &ShardPublisherBinding::conclude, py::arg("outcome"))
+      .def_property_readonly("fence", &ShardPublisherBinding::fence)
       .def("state", &ShardPublisherBinding::state)
       .def("placements", &ShardPublisherBinding::placements);
-  m.def("failed_receipt", [](uint64_t rank, uint64_t version, const std::string& error) {
-    return receipt_to_json(failed_receipt(rank, version, error));
-  });
+  m.def("claim_for_group", &claim_for_group_json, py::arg("store"), py::arg("options"));
 }
 
 }  // namespace deltasync::torch_ext
