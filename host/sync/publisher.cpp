@@ -200,12 +200,27 @@ void Publisher::restore(const HostModel& shadow, const PublisherState& state) {
   staged_anchor_version_ = state.last_anchor_version;
 }
 
+void PublisherState::record_visible(uint64_t version, bool anchor, uint64_t delta_bytes) {
+  last_version = version;
+  if (anchor) {
+    last_anchor_version = version;
+    delta_bytes_since_anchor = 0;
+  } else {
+    delta_bytes_since_anchor += delta_bytes;
+  }
+}
+
+bool anchor_rule_due(const PublisherOptions& options, uint64_t version, uint64_t last_anchor_version,
+                     uint64_t delta_bytes_since_anchor, uint64_t model_bytes) {
+  if (options.anchor_every && version - last_anchor_version >= options.anchor_every) return true;
+  return options.anchor_share > 0 && double(delta_bytes_since_anchor) > options.anchor_share * double(model_bytes);
+}
+
 bool Publisher::anchor_due(uint64_t version) const {
   if (!staged_version_) return true;
   if (!staged_anchor_version_) return true;
-  if (options_.anchor_every && version - *staged_anchor_version_ >= options_.anchor_every) return true;
   std::lock_guard<std::mutex> lock(mutex_);
-  return options_.anchor_share > 0 && double(uploaded_.delta_bytes_since_anchor) > options_.anchor_share * double(model_bytes_);
+  return anchor_rule_due(options_, version, *staged_anchor_version_, uploaded_.delta_bytes_since_anchor, model_bytes_);
 }
 
 void Publisher::stage_anchor(Job& job, std::span<const ConstTensorRef> current) {
@@ -648,13 +663,7 @@ void Publisher::finish(const Job& job, const VersionStats& st, const std::vector
   Store& store = *store_;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    uploaded_.last_version = job.version;
-    if (job.anchor) {
-      uploaded_.last_anchor_version = job.version;
-      uploaded_.delta_bytes_since_anchor = 0;
-    } else {
-      uploaded_.delta_bytes_since_anchor += st.delta_bytes;
-    }
+    uploaded_.record_visible(job.version, job.anchor, st.delta_bytes);
     uploaded_digests_ = result_digests;
     stats_.push_back(st);
     VersionStats& h = history_[job.version];

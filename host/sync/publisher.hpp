@@ -143,7 +143,14 @@ struct PublisherState {
   std::optional<uint64_t> last_version;         // the shadow's version
   std::optional<uint64_t> last_anchor_version;
   uint64_t delta_bytes_since_anchor = 0;
+  // Bookkeeping once `version` is visible: an anchor restarts the count of delta bytes.
+  void record_visible(uint64_t version, bool anchor, uint64_t delta_bytes);
 };
+
+// The size rule of both publishers (Publisher, ShardPublisher): the delta bytes since the last
+// anchor passed anchor_share of the model, or anchor_every versions went by since it.
+bool anchor_rule_due(const PublisherOptions& options, uint64_t version, uint64_t last_anchor_version,
+                     uint64_t delta_bytes_since_anchor, uint64_t model_bytes);
 
 class Publisher {
  public:

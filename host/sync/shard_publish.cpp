@@ -291,8 +291,7 @@ ShardPublisher::ShardPublisher(std::shared_ptr<Store> store, std::vector<ShardTe
 
 bool ShardPublisher::anchor_due(uint64_t version) const {
   if (broken_ || !committed_.last_version || !committed_.last_anchor_version) return true;
-  if (options_.anchor_every && version - *committed_.last_anchor_version >= options_.anchor_every) return true;
-  return options_.anchor_share > 0 && double(committed_.delta_bytes_since_anchor) > options_.anchor_share * double(model_bytes_);
+  return anchor_rule_due(options_, version, *committed_.last_anchor_version, committed_.delta_bytes_since_anchor, model_bytes_);
 }
 
 PartReceipt ShardPublisher::publish_part(uint64_t version, std::span<const ConstTensorRef> local, bool anchor) {
@@ -436,13 +435,7 @@ void ShardPublisher::conclude(const CommitOutcome& outcome) {
     return;
   }
   broken_ = false;
-  committed_.last_version = outcome.version;
-  if (outcome.anchor) {
-    committed_.last_anchor_version = outcome.version;
-    committed_.delta_bytes_since_anchor = 0;
-  } else {
-    committed_.delta_bytes_since_anchor += outcome.delta_bytes;
-  }
+  committed_.record_visible(outcome.version, outcome.anchor, outcome.delta_bytes);
   digests_ = pending_digests_;
   if (rank_ == 0 && outcome.anchor && options_.keep_anchors) {
     try {
