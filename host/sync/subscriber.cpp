@@ -337,7 +337,7 @@ std::vector<TensorMeta> Subscriber::anchor_table(const protocol::Manifest& ancho
     std::vector<std::pair<uint64_t, TensorMeta>> entries;
     for (const auto& [name, v] : j.items()) {
       if (name == "__metadata__") continue;
-      if (placements.is_object() && std::any_of(out.begin(), out.end(), [&](const TensorMeta& m) { return m.name == name; })) continue;
+      if (placements.is_object() && std::any_of(out.begin(), out.end(), [&key = name](const TensorMeta& m) { return m.name == key; })) continue;
       const bool ok = v.is_object() && v.contains("dtype") && v["dtype"].is_string() && v.contains("shape") &&
                       v["shape"].is_array() && v.contains("data_offsets") && v["data_offsets"].is_array() &&
                       v["data_offsets"].size() == 2 && v["data_offsets"][0].is_number_unsigned();
