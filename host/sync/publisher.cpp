@@ -333,11 +333,19 @@ void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> curren
     last_staged_ = st;
     history_[version] = st;
   }
+  // A background failure from before this call is reported after this version is safely queued
+  // (the shadow already moved on, so dropping the version would break the chain). One that
+  // arises meanwhile -- this version's own upload may fail before publish() returns -- waits
+  // for the next publish() or flush(), so a caller never sees its version fail in the call
+  // that staged it.
+  std::exception_ptr earlier;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    earlier = failure_;
+  }
   enqueue(std::move(job));
-  // A background failure is reported after this version is safely queued (the shadow already
-  // moved on, so dropping the version would break the chain).
   std::lock_guard<std::mutex> lock(mutex_);
-  if (failure_) {
+  if (failure_ && failure_ == earlier) {
     auto f = failure_;
     failure_ = nullptr;
     std::rethrow_exception(f);
