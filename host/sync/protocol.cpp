@@ -1,7 +1,6 @@
 // Manifests, visibility, catch-up planning and retention (see protocol.hpp for the layout).
 #include "sync/protocol.hpp"
 
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +11,7 @@
 #include "codec/delta_io.hpp"
 #include "core/parse_number.hpp"
 #include "store/sha256.hpp"
+#include "sync/protocol_json.hpp"
 #include "sync/shard_parts.hpp"
 
 namespace deltasync::protocol {
@@ -37,8 +37,6 @@ std::optional<uint64_t> version_of_object_key(const std::string& key) {
   return std::nullopt;
 }
 
-json object_json(const ObjectRef& o) { return json{{"key", o.key}, {"size", o.size}, {"sha256", o.sha256}}; }
-
 [[noreturn]] void bad(const std::string& label, const std::string& why) { throw BadInputError(label + ": " + why); }
 
 const json& field(const json& j, const char* name, const std::string& label) {
@@ -53,20 +51,6 @@ uint64_t get_u64(const json& j, const char* name, const std::string& label) {
   return v.get<uint64_t>();
 }
 
-ObjectRef object_from_json(const json& j, const std::string& label) {
-  if (!j.is_object()) bad(label, "manifest object entry is not a JSON object");
-  ObjectRef o;
-  const json& key = field(j, "key", label);
-  const json& sha = field(j, "sha256", label);
-  if (!key.is_string() || !sha.is_string()) bad(label, "manifest object entry has a non-string key or sha256");
-  o.key = key.get<std::string>();
-  o.sha256 = sha.get<std::string>();
-  o.size = get_u64(j, "size", label);
-  if (o.sha256.size() != 64 || o.sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
-    bad(label, "manifest object " + o.key + " has a malformed sha256");
-  if (o.key.empty() || o.key.find("..") != std::string::npos || o.key[0] == '/') bad(label, "manifest names an invalid object key");
-  return o;
-}
 
 // Manifest field "delta_parts": [{key, size, sha256, placements: {tensor: [first, run_length,
 // run_stride, run_count]}}, ...] (shard-local publish; protocol.hpp DeltaPart).
@@ -166,6 +150,23 @@ void check_fence_holds(Store& store, const std::optional<LatestPointer>& pointer
 }
 
 }  // namespace
+
+json object_json(const ObjectRef& o) { return json{{"key", o.key}, {"size", o.size}, {"sha256", o.sha256}}; }
+
+ObjectRef object_from_json(const json& j, const std::string& label) {
+  if (!j.is_object()) bad(label, "manifest object entry is not a JSON object");
+  ObjectRef o;
+  const json& key = field(j, "key", label);
+  const json& sha = field(j, "sha256", label);
+  if (!key.is_string() || !sha.is_string()) bad(label, "manifest object entry has a non-string key or sha256");
+  o.key = key.get<std::string>();
+  o.sha256 = sha.get<std::string>();
+  o.size = get_u64(j, "size", label);
+  if (o.sha256.size() != 64 || o.sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
+    bad(label, "manifest object " + o.key + " has a malformed sha256");
+  if (o.key.empty() || o.key.find("..") != std::string::npos || o.key[0] == '/') bad(label, "manifest names an invalid object key");
+  return o;
+}
 
 std::string manifest_key(uint64_t version) { return std::string(kManifestPrefix) + padded(version) + ".json"; }
 

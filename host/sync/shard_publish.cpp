@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "engine/cpu_sync_engine.hpp"
 #include "engine/integrity.hpp"
+#include "sync/protocol_json.hpp"
 #include "sync/shard_parts.hpp"
 
 namespace deltasync {
@@ -16,12 +17,7 @@ namespace {
 
 using json = nlohmann::json;
 
-json object_json(const protocol::ObjectRef& o) { return json{{"key", o.key}, {"size", o.size}, {"sha256", o.sha256}}; }
-
-protocol::ObjectRef object_from(const json& j) {
-  return protocol::ObjectRef{j.at("key").get<std::string>(), j.at("size").get<uint64_t>(), j.at("sha256").get<std::string>()};
-}
-
+using protocol::object_json;
 
 std::string meta_text(DType dtype, const std::vector<uint64_t>& shape) { return std::string(dtype_name(dtype)) + shape_text(shape); }
 
@@ -59,8 +55,8 @@ PartReceipt receipt_from_json(std::string_view text, const std::string& label) {
     r.fenced = j.at("fenced").get<bool>();
     r.delta_format = j.at("delta_format").get<std::string>();
     if (!j.at("base_version").is_null()) r.base_version = j.at("base_version").get<uint64_t>();
-    if (!j.at("delta").is_null()) r.delta = object_from(j.at("delta"));
-    for (const auto& p : j.at("anchor_parts")) r.anchor_parts.push_back(object_from(p));
+    if (!j.at("delta").is_null()) r.delta = protocol::object_from_json(j.at("delta"), label);
+    for (const auto& p : j.at("anchor_parts")) r.anchor_parts.push_back(protocol::object_from_json(p, label));
     for (const auto& t : j.at("tensors")) {
       PartReceipt::Tensor x;
       x.name = t.at("name").get<std::string>();
