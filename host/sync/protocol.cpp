@@ -11,6 +11,7 @@
 #include "codec/delta_io.hpp"
 #include "core/parse_number.hpp"
 #include "store/sha256.hpp"
+#include "sync/part_placements.hpp"
 #include "sync/protocol_json.hpp"
 #include "sync/shard_parts.hpp"
 
@@ -52,21 +53,46 @@ uint64_t get_u64(const json& j, const char* name, const std::string& label) {
 }
 
 
-// Manifest field "delta_parts": [{key, size, sha256, placements: {tensor: [first, run_length,
-// run_stride, run_count]}}, ...] (shard-local publish; protocol.hpp DeltaPart).
-json delta_parts_json(const std::vector<DeltaPart>& parts) {
+// Manifest field "delta_parts": [{key, size, sha256}, ...] (shard-local publish; protocol.hpp
+// DeltaPart) and, in format 2, "part_placements" beside it (sync/part_placements.hpp); in format 1
+// every part carries its own "placements": {tensor: [first, run_length, run_stride, run_count]}.
+json delta_parts_json(const std::vector<DeltaPart>& parts, PlacementForm form) {
   json out = json::array();
   for (const auto& p : parts) {
     json e = object_json(p.object);
-    json placements = json::object();
-    for (const auto& [name, pl] : p.placements) placements[name] = placement_to_json(pl);
-    e["placements"] = std::move(placements);
+    if (form == PlacementForm::kPerPart) {
+      json placements = json::object();
+      for (const auto& [name, pl] : p.placements) placements[name] = placement_to_json(pl);
+      e["placements"] = std::move(placements);
+    }
     out.push_back(std::move(e));
   }
   return out;
 }
 
-std::vector<DeltaPart> delta_parts_from_json(const json& j, bool has_single_delta, const std::string& label) {
+// Format 1's per-part placements. The parts of each tensor must not overlap or leave a gap.
+void read_per_part_placements(const json& j, std::vector<DeltaPart>& parts, const std::string& label) {
+  std::map<std::string, std::vector<Placement>> by_tensor;
+  std::vector<std::string> part_names;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    DeltaPart& p = parts[k];
+    part_names.push_back("part " + p.object.key);
+    const json& placements = field(j[k], "placements", label);
+    if (!placements.is_object()) bad(label, "manifest delta part " + p.object.key + " has no placements object");
+    for (auto it = placements.begin(); it != placements.end(); ++it) {
+      const std::optional<Placement> pl = placement_from_json(it.value());
+      if (!pl) bad(label, "manifest delta part " + p.object.key + ": placement of tensor " + it.key() + " is not 4 non-negative integers");
+      p.placements[it.key()] = *pl;
+      auto& held = by_tensor[it.key()];
+      held.resize(parts.size());
+      held[k] = *pl;
+    }
+  }
+  for (const auto& [name, held] : by_tensor) check_parts_tile(held, part_names, name, label);
+}
+
+std::vector<DeltaPart> delta_parts_from_json(const json& j, const json* part_placements, bool has_single_delta, uint64_t format,
+                                             const std::string& label) {
   if (!j.is_array()) bad(label, "manifest delta_parts is not an array");
   if (has_single_delta) bad(label, "manifest names both a delta and delta_parts");
   if (j.size() < 2) bad(label, "manifest delta_parts lists fewer than two parts (one is written as \"delta\")");
@@ -74,14 +100,15 @@ std::vector<DeltaPart> delta_parts_from_json(const json& j, bool has_single_delt
   for (const auto& e : j) {
     DeltaPart p;
     p.object = object_from_json(e, label);
-    const json& placements = field(e, "placements", label);
-    if (!placements.is_object()) bad(label, "manifest delta part " + p.object.key + " has no placements object");
-    for (auto it = placements.begin(); it != placements.end(); ++it) {
-      const std::optional<Placement> pl = placement_from_json(it.value());
-      if (!pl) bad(label, "manifest delta part " + p.object.key + ": placement of tensor " + it.key() + " is not 4 non-negative integers");
-      p.placements[it.key()] = *pl;
-    }
+    if (format >= 2 && e.contains("placements"))
+      bad(label, "manifest delta part " + p.object.key + " has its own placements in a format 2 manifest (they belong in part_placements)");
     out.push_back(std::move(p));
+  }
+  if (format == 1) {
+    read_per_part_placements(j, out, label);
+  } else {
+    if (!part_placements) bad(label, "manifest has delta_parts but no part_placements");
+    read_part_placements(*part_placements, out, label);
   }
   return out;
 }
@@ -221,10 +248,13 @@ void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const s
   if (sha256_hex(bytes) != ref.sha256) throw BadInputError(label + ": sha256 differs from the manifest's (corrupt object)");
 }
 
-std::string to_json(const Manifest& m) {
+std::string to_json(const Manifest& m, PlacementForm form) {
   json j;
   j["format"] = "deltasync-manifest";
-  j["format_version"] = kManifestFormat;
+  // Format 2 only where it differs (a sharded delta's compact placements): every other manifest
+  // stays readable by readers that know format 1 only.
+  const bool compact = !m.delta_parts.empty() && form == PlacementForm::kCompact;
+  j["format_version"] = compact ? kManifestFormat : 1;
   j["version"] = m.version;
   j["kind"] = m.kind();
   j["base_version"] = m.base_version ? json(*m.base_version) : json(nullptr);
@@ -240,7 +270,8 @@ std::string to_json(const Manifest& m) {
   j["digest_algorithm"] = m.digest_algorithm;
   j["digests"] = m.digests;
   j["created_unix_ms"] = m.created_unix_ms;
-  if (!m.delta_parts.empty()) j["delta_parts"] = delta_parts_json(m.delta_parts);
+  if (!m.delta_parts.empty()) j["delta_parts"] = delta_parts_json(m.delta_parts, compact ? PlacementForm::kCompact : PlacementForm::kPerPart);
+  if (compact) j["part_placements"] = part_placements_json(m.delta_parts);
   if (m.fence) j["fence"] = fence_json(*m.fence);
   return j.dump(1);
 }
@@ -255,15 +286,22 @@ Manifest manifest_from_json(std::string_view text, const std::string& label) {
   if (!j.is_object()) bad(label, "manifest is not a JSON object");
   const json& fmt = field(j, "format", label);
   if (fmt != "deltasync-manifest") bad(label, "not a deltasync manifest");
-  if (get_u64(j, "format_version", label) != kManifestFormat)
+  const uint64_t format = get_u64(j, "format_version", label);
+  if (format < 1 || format > kManifestFormat)
     bad(label, "manifest format_version " + field(j, "format_version", label).dump() + " is not supported");
+  if (format == 1 && j.contains("part_placements")) bad(label, "manifest format_version 1 with part_placements (a format 2 field)");
   Manifest m;
   m.version = get_u64(j, "version", label);
   const json& base = field(j, "base_version", label);
   if (!base.is_null()) m.base_version = get_u64(j, "base_version", label);
   const json& delta = field(j, "delta", label);
   if (!delta.is_null()) m.delta = object_from_json(delta, label);
-  if (j.contains("delta_parts")) m.delta_parts = delta_parts_from_json(j["delta_parts"], m.delta.has_value(), label);
+  if (j.contains("delta_parts")) {
+    const auto pp = j.find("part_placements");
+    m.delta_parts = delta_parts_from_json(j["delta_parts"], pp == j.end() ? nullptr : &*pp, m.delta.has_value(), format, label);
+  } else if (j.contains("part_placements")) {
+    bad(label, "manifest has part_placements but no delta_parts");
+  }
   if (m.has_delta() != m.base_version.has_value()) bad(label, "manifest has a delta without base_version or the reverse");
   if (m.base_version && *m.base_version >= m.version) bad(label, "manifest base_version is not older than its version");
   const json& df = field(j, "delta_format", label);

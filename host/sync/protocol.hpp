@@ -44,7 +44,9 @@ namespace deltasync::protocol {
 
 inline constexpr const char* kLatestKey = "LATEST";
 inline constexpr const char* kManifestPrefix = "manifests/";
-inline constexpr int kManifestFormat = 1;
+// The newest manifest format: 2 writes a sharded delta's placements compactly
+// (sync/part_placements.hpp); a manifest without delta parts is still written as format 1.
+inline constexpr int kManifestFormat = 2;
 
 std::string manifest_key(uint64_t version);
 // The version a manifest key names, or nullopt for any other key.
@@ -124,8 +126,13 @@ ObjectRef put_object(Store& store, const std::string& key, std::span<const uint8
 // Error("LABEL: ...") naming what differs (a corrupt or replaced object).
 void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const std::string& label);
 
-std::string to_json(const Manifest& manifest);
-// Strict: every required field present with the right type. Throws Error("LABEL: reason").
+// How a sharded delta's placements are written: compact (format 2, sync/part_placements.hpp), or
+// per part as format 1 did (for readers that know format 1 only, and to measure the difference).
+enum class PlacementForm { kCompact, kPerPart };
+std::string to_json(const Manifest& manifest, PlacementForm form = PlacementForm::kCompact);
+// Strict: every required field present with the right type; formats 1 and 2. A sharded delta's
+// parts must not overlap or leave a gap in any tensor (below the end of its last part; the full
+// size is checked against the model where they are combined). Throws Error("LABEL: reason").
 Manifest manifest_from_json(std::string_view text, const std::string& label);
 
 // Thrown when a publisher's fence no longer holds the store (another run, or a newer epoch of its
