@@ -64,33 +64,79 @@ std::optional<uint64_t> shape_numel(std::span<const uint64_t> shape) {
 struct DuplicateKey {
   std::string key;
 };
-// A header nests three levels ({name: {shape: [...]}}). Deeper is refused while parsing: the
+// A header nests three levels ({name: {shape: [...]}}). Deeper is refused before the DOM is built: the
 // callback parser copies nested values recursively, so a header of a few MB of '[' overflowed
 // the stack (found running the fuzz harness on a hand-made deep header).
 constexpr int kMaxHeaderDepth = 8;
 struct TooDeep {};
 
-Json parse_header_json(std::string_view text, const std::string& label) {
+// One SAX pass refuses deep nesting and duplicate keys and records the top level's key order;
+// then the header is parsed into a sorted DOM (nlohmann::json, a std::map) and put in that order.
+// Both steps are O(T log T) for T tensors: nlohmann's callback parser rescans a parent object at
+// every nested object's end, and parsing into ordered_json inserts every key by a linear search,
+// each O(T^2) (a 70k-tensor MoE delta part's header took 25 s).
+struct HeaderChecker {
   std::vector<std::set<std::string>> keys_per_open_object;
-  auto reject_duplicates = [&](int depth, nlohmann::json::parse_event_t event, Json& parsed) {
-    using Event = nlohmann::json::parse_event_t;
-    if ((event == Event::object_start || event == Event::array_start) && depth >= kMaxHeaderDepth) throw TooDeep{};
-    if (event == Event::object_start) {
-      keys_per_open_object.emplace_back();
-    } else if (event == Event::object_end) {
-      keys_per_open_object.pop_back();
-    } else if (event == Event::key) {
-      const auto& key = parsed.get_ref<const std::string&>();
-      if (!keys_per_open_object.back().insert(key).second) throw DuplicateKey{key};
-    }
+  int open = 0;  // containers open
+  std::vector<std::string> order;
+  std::string error;
+  bool enter() {
+    if (open >= kMaxHeaderDepth) throw TooDeep{};
+    ++open;
     return true;
-  };
+  }
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(int64_t) { return true; }
+  bool number_unsigned(uint64_t) { return true; }
+  bool number_float(double, const std::string&) { return true; }
+  bool string(std::string&) { return true; }
+  bool binary(nlohmann::json::binary_t&) { return true; }
+  bool start_object(size_t) {
+    keys_per_open_object.emplace_back();
+    return enter();
+  }
+  bool key(std::string& key) {
+    if (!keys_per_open_object.back().insert(key).second) throw DuplicateKey{key};
+    if (keys_per_open_object.size() == 1) order.push_back(key);
+    return true;
+  }
+  bool end_object() {
+    keys_per_open_object.pop_back();
+    --open;
+    return true;
+  }
+  bool start_array(size_t) {
+    keys_per_open_object.emplace_back();  // keeps back() the innermost open object's keys
+    return enter();
+  }
+  bool end_array() {
+    keys_per_open_object.pop_back();
+    --open;
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::json::exception& e) {
+    error = e.what();
+    return false;
+  }
+};
+
+Json parse_header_json(std::string_view text, const std::string& label) {
+  HeaderChecker checker;
   try {
-    return Json::parse(text.begin(), text.end(), reject_duplicates);
+    if (!nlohmann::json::sax_parse(text.begin(), text.end(), &checker))
+      fail(label, "header is not valid UTF-8 JSON (" + checker.error + ")");
+    nlohmann::json sorted = nlohmann::json::parse(text.begin(), text.end());
+    if (!sorted.is_object()) return Json(sorted);
+    Json out = Json::object();
+    auto& entries = out.get_ref<Json::object_t&>();
+    entries.reserve(checker.order.size());
+    for (const std::string& key : checker.order) entries.push_back({key, Json(std::move(sorted[key]))});
+    return out;
   } catch (const TooDeep&) {
     fail(label, "header nests deeper than " + std::to_string(kMaxHeaderDepth) + " levels");
   } catch (const DuplicateKey& dup) {
-    if (keys_per_open_object.size() == 1) fail(label, "header names tensor \"" + dup.key + "\" twice");
+    if (checker.keys_per_open_object.size() == 1) fail(label, "header names tensor \"" + dup.key + "\" twice");
     fail(label, "header repeats key \"" + dup.key + "\" inside an entry");
   } catch (const nlohmann::json::exception& e) {
     fail(label, std::string("header is not valid UTF-8 JSON (") + e.what() + ")");
