@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-WORKER = r'''
+# The ranks' model and their optimizer "step" (benchmarks/sharded_resume.py starts from it too).
+WORKER_SETUP = r'''
 import json, os, sys, time, datetime
 import torch
 import torch.distributed as dist
@@ -49,6 +50,9 @@ def step():
         idx = torch.randint(0, local.numel(), (n,), generator=gen)
         local[idx] += 1
 
+'''
+
+WORKER = WORKER_SETUP + r'''
 rows = []
 if mode == "sharded":
     pub = deltasync.ShardedDeltaPublisher(params, store=store, anchor_every=0, anchor_share=0)

@@ -14,7 +14,9 @@
 #include "store/store.hpp"
 #include "sync/mapped_receiver.hpp"
 #include "sync/shard_parts.hpp"
+#include "sync/publisher.hpp"
 #include "sync/shard_publish.hpp"
+#include "sync/shard_resume.hpp"
 #include "sync/subscriber.hpp"
 #include "test_support.hpp"
 
@@ -589,4 +591,158 @@ TEST(ShardFence, RanksThatFindTheFenceGoneUploadNothingAndTheCommitIsFenced) {
   EXPECT_TRUE(out.fenced);
   EXPECT_EQ(out.error.rfind("version 2: rank 0: ", 0), 0u) << out.error;
   EXPECT_EQ(store_bytes(dir.path()), before);
+}
+
+// ---- a restarted group resumes from the store (sync/shard_resume.hpp) -------------------------
+
+// Every rank's recover(), the all-gather (through the wire form), every rank's adopt(): what each
+// rank's adopt() returned, or the one line it threw.
+std::vector<std::string> resume_group(World& w) {
+  std::vector<PartReceipt> gathered;
+  for (auto& r : w.ranks) gathered.push_back(receipt_from_json(receipt_to_json(r->recover()), "resume receipt"));
+  std::vector<std::string> verdicts;
+  for (auto& r : w.ranks) {
+    try {
+      const std::optional<uint64_t> since = r->adopt(gathered);
+      verdicts.push_back(since ? "resumed from " + std::to_string(*since) : "nothing to resume");
+    } catch (const Error& e) {
+      verdicts.push_back(e.what());
+    }
+  }
+  return verdicts;
+}
+
+class ShardResume : public ::testing::TestWithParam<std::tuple<uint64_t, uint64_t, std::string>> {};
+
+TEST_P(ShardResume, ARestartedGroupOfAnyWorldSizeRecoversItsShardsAndPublishesADelta) {
+  const auto [before, after, format] = GetParam();
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), before, format);
+  auto reader_store = open_store(dir.path().string());
+  Subscriber sub(*reader_store);
+  HostModel follower;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) w.step(v);
+    ASSERT_TRUE(w.publish(v).committed);
+  }
+  sub.sync(follower);
+  // The restart: the trainers' own checkpoint of version 3 (a new epoch since 3), shadows empty.
+  World restarted(open_store(dir.path().string()), mixed_layout(), after, format);
+  restarted.full = w.full;
+  EXPECT_EQ(resume_group(restarted), std::vector<std::string>(after, "resumed from 3"));
+  uint64_t read = 0;
+  for (auto& r : restarted.ranks) {
+    EXPECT_EQ(r->state().last_version, std::optional<uint64_t>(3));
+    EXPECT_EQ(r->state().last_anchor_version, std::optional<uint64_t>(1));
+    EXPECT_FALSE(r->anchor_due(4));
+    read += r->resume_counters().bytes_read;
+  }
+  EXPECT_GT(read, 0u);
+  // Version 4 is the checkpoint unchanged: every shadow holds the store's bits, so it is an empty
+  // delta the follower reaches by itself. Version 5 after a step: the schedule's anchor (every 4
+  // since version 1) with its delta from 4.
+  for (uint64_t v = 4; v <= 5; ++v) {
+    if (v == 5) restarted.step(v);
+    const CommitOutcome out = restarted.publish(v);
+    ASSERT_TRUE(out.committed) << out.error;
+    EXPECT_EQ(out.anchor, v == 5);
+    EXPECT_EQ(out.changed_elements == 0, v == 4);
+    const SyncReport report = sub.sync(follower);
+    EXPECT_EQ(report.to, v);
+    if (v == 4) EXPECT_FALSE(report.plan.anchor_version) << "version 4 is reached by its delta";
+    expect_same_bits(follower, restarted);
+  }
+  HostModel late;
+  Subscriber(*reader_store).sync(late);
+  expect_same_bits(late, restarted);
+}
+
+// Same sharding, fewer ranks, more ranks, one rank (its parts are the single form), in both layouts.
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardResume,
+                         ::testing::Values(std::make_tuple(2u, 2u, "compact"), std::make_tuple(4u, 3u, "compact"),
+                                           std::make_tuple(2u, 4u, "trl"), std::make_tuple(1u, 3u, "compact"),
+                                           std::make_tuple(3u, 1u, "trl")));
+
+TEST(ShardResume, ReadsOnlyTheRanksOwnPartsWhenTheShardingIsTheSame) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 4, "compact");
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) w.step(v);
+    ASSERT_TRUE(w.publish(v).committed);
+  }
+  World restarted(open_store(dir.path().string()), mixed_layout(), 4, "compact");
+  ASSERT_EQ(resume_group(restarted), std::vector<std::string>(4, "resumed from 3"));
+  protocol::Catalog catalog(*w.store);
+  const protocol::Manifest* anchor = catalog.find(1);
+  for (uint64_t r = 0; r < 4; ++r) {
+    const ResumeCounters c = restarted.ranks[r]->resume_counters();
+    // Its anchor part and its delta parts of versions 2 and 3, whole; every anchor part's header.
+    EXPECT_EQ(c.whole_objects, 3u) << "rank " << r;
+    EXPECT_EQ(c.ranged_reads, 0u) << "rank " << r;
+    EXPECT_EQ(c.header_reads, 2 * anchor->anchor_parts.size());
+    uint64_t own = anchor->anchor_parts[r].size;
+    for (uint64_t v : {2u, 3u}) own += catalog.find(v)->delta_parts[r].object.size;
+    EXPECT_LT(c.bytes_read, own + 4096 * anchor->anchor_parts.size()) << "rank " << r;
+  }
+}
+
+TEST(ShardResume, ResumesFromASingleProcessPublishersStore) {
+  TempDir dir;
+  std::shared_ptr<Store> store = open_store(dir.path().string());
+  World shape(store, mixed_layout(), 1, "compact", "single");  // the tensors and the weights only
+  {
+    PublisherOptions o;
+    o.run_id = "single";
+    o.take_over = true;
+    o.anchor_part_bytes = 64;  // several whole-tensor anchor parts
+    Publisher p(store, shape.meta, o);
+    for (uint64_t v = 1; v <= 3; ++v) {
+      if (v > 1) shape.step(v);
+      std::vector<ConstTensorRef> refs;
+      for (size_t t = 0; t < shape.meta.size(); ++t)
+        refs.push_back(ConstTensorRef{shape.meta[t].name, shape.full[t].data(), shape.meta[t].numel(), shape.meta[t].width()});
+      p.publish(v, refs, v == 1);
+    }
+    p.flush();
+  }
+  World restarted(store, mixed_layout(), 2, "compact", "single");
+  restarted.full = shape.full;
+  ASSERT_EQ(resume_group(restarted), std::vector<std::string>(2, "resumed from 3"));
+  const CommitOutcome out = restarted.publish(4);
+  ASSERT_TRUE(out.committed) << out.error;
+  EXPECT_FALSE(out.anchor);
+  EXPECT_EQ(out.changed_elements, 0u);
+  HostModel follower;
+  Subscriber(*store).sync(follower);
+  expect_same_bits(follower, restarted);
+}
+
+TEST(ShardResume, AFailedRankOrADigestMismatchRefusesOnEveryRankWithOneLineWritingNothing) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) w.step(v);
+    ASSERT_TRUE(w.publish(v).committed);
+  }
+  protocol::Catalog catalog(*w.store);
+  const std::string key = catalog.find(3)->delta_parts[1].object.key;
+  std::vector<uint8_t> bytes = w.store->get(key);
+  bytes[bytes.size() - 3] ^= 1;
+  w.store->put(key, bytes);
+  World restarted(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  const auto before = store_bytes(dir.path());
+  const auto verdicts = resume_group(restarted);
+  EXPECT_EQ(verdicts[0], verdicts[1]);
+  EXPECT_EQ(verdicts[0], "resume from version 3: rank 1 failed: " + w.store->describe(key) + ": sha256 differs from the manifest's (corrupt object)");
+  EXPECT_EQ(store_bytes(dir.path()), before);
+  for (auto& r : restarted.ranks) EXPECT_TRUE(r->anchor_due(4)) << "a refused resume must leave the rank as it was";
+
+  // Receipts whose partials do not add up to the manifest's digests (a rank that recovered wrong bits).
+  w.store->put(key, [&] { bytes[bytes.size() - 3] ^= 1; return bytes; }());
+  World again(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  std::vector<PartReceipt> gathered;
+  for (auto& r : again.ranks) gathered.push_back(receipt_from_json(receipt_to_json(r->recover()), "resume receipt"));
+  gathered[1].tensors[0].digest += 1;
+  for (auto& r : again.ranks)
+    EXPECT_EQ(error_message([&] { r->adopt(gathered); }).rfind("resume from version 3: tensor layers.0.weight: the ranks' recovered shards sum to digest ", 0), 0u);
 }

@@ -44,6 +44,25 @@ void to_full_positions(std::span<int64_t> positions, const Placement& placement,
   }
 }
 
+uint64_t for_each_overlap(const Placement& a, const Placement& b,
+                          const std::function<void(uint64_t a_local, uint64_t b_local, uint64_t count)>& fn) {
+  if (a.empty() || b.empty()) return 0;
+  uint64_t shared = 0, i = 0, j = 0;
+  // Runs of both are ascending and disjoint (run_stride >= run_length): a merge of two sorted lists.
+  while (i < a.run_count && j < b.run_count) {
+    const uint64_t a0 = a.first + i * a.run_stride, a1 = a0 + a.run_length;
+    const uint64_t b0 = b.first + j * b.run_stride, b1 = b0 + b.run_length;
+    const uint64_t lo = std::max(a0, b0), hi = std::min(a1, b1);
+    if (lo < hi) {
+      if (fn) fn(i * a.run_length + (lo - a0), j * b.run_length + (lo - b0), hi - lo);
+      shared += hi - lo;
+    }
+    if (a1 <= b1) ++i;
+    if (b1 <= a1) ++j;
+  }
+  return shared;
+}
+
 std::string placement_text(const Placement& p) {
   return "[" + std::to_string(p.first) + ", " + std::to_string(p.run_length) + ", " + std::to_string(p.run_stride) + ", " +
          std::to_string(p.run_count) + "]";

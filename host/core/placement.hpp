@@ -10,6 +10,7 @@
 // changed positions translate to sorted full positions in O(changed).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +31,11 @@ struct Placement {
   }
   // True when full position `position` is one of the shard's.
   bool contains(uint64_t position) const;
+  // Local element of full position `position` (which contains()): full_position's inverse.
+  uint64_t local_position(uint64_t position) const {
+    const uint64_t at = position - first;
+    return (at / run_stride) * run_length + at % run_stride;
+  }
   // One past the last full position covered (first for an empty shard).
   uint64_t end() const { return empty() ? first : first + (run_count - 1) * run_stride + run_length; }
   bool operator==(const Placement&) const = default;
@@ -46,6 +52,13 @@ Placement shard_placement(std::span<const uint64_t> shape, size_t dim, uint64_t 
 // Full positions of ascending local positions, in place (ascending stays ascending). Throws
 // Error naming `tensor` for a position outside the shard.
 void to_full_positions(std::span<int64_t> positions, const Placement& placement, const std::string& tensor);
+
+// Where two placements of one tensor share full positions, in ascending order: fn(a_local,
+// b_local, count) for each stretch of `count` consecutive positions held by both, starting at
+// local element a_local of `a` and b_local of `b`. O(runs of a + runs of b). Returns the
+// positions shared. What a restarted rank uses to take its shard out of another sharding's parts.
+uint64_t for_each_overlap(const Placement& a, const Placement& b,
+                          const std::function<void(uint64_t a_local, uint64_t b_local, uint64_t count)>& fn);
 
 // "[first, run_length, run_stride, run_count]" (manifests, receipts, anchor metadata).
 std::string placement_text(const Placement& placement);

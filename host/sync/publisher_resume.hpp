@@ -7,6 +7,7 @@
 
 #include "engine/host_model.hpp"
 #include "store/store.hpp"
+#include "sync/protocol.hpp"
 #include "sync/publisher.hpp"
 
 namespace deltasync {
@@ -21,5 +22,10 @@ struct StoreResume {
 // version visible (readers trust any manifest they see), and publishing it again would be
 // refused as "already exists". Stores that cannot list fall back to LATEST.
 std::optional<StoreResume> resume_from_store(Store& store);
+
+// The anchor bookkeeping of a publisher continuing from `version` (visible in `catalog`'s store):
+// its latest anchor and the delta bytes published since it, from the manifests. Both resumes
+// (this one and a sharded group's, sync/shard_resume.hpp) take it from here.
+PublisherState resumed_state(protocol::Catalog& catalog, Store& store, uint64_t version);
 
 }  // namespace deltasync

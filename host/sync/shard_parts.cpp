@@ -10,6 +10,7 @@
 #include "codec/digest.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
+#include "format/delta_file.hpp"
 #include "format/model_version.hpp"
 
 namespace deltasync {
@@ -17,10 +18,6 @@ namespace {
 
 using json = nlohmann::json;
 
-uint64_t index_at(const PatchRef& p, uint64_t k) {
-  if (p.index_width == 4) return static_cast<uint64_t>(static_cast<const int32_t*>(p.indices)[k]);
-  return static_cast<uint64_t>(static_cast<const int64_t*>(p.indices)[k]);
-}
 
 }  // namespace
 
@@ -30,6 +27,31 @@ std::optional<Placement> placement_from_json(const json& j) {
   if (!j.is_array() || j.size() != 4 || !std::all_of(j.begin(), j.end(), [](const json& x) { return x.is_number_unsigned(); }))
     return std::nullopt;
   return Placement{j[0].get<uint64_t>(), j[1].get<uint64_t>(), j[2].get<uint64_t>(), j[3].get<uint64_t>()};
+}
+
+void resolve_delta_part(const protocol::Manifest& manifest, const st::File& file, std::span<const TensorMeta> base_meta,
+                        std::span<const ConstTensorRef> base_bits, std::span<const Placement> held, ResolvedPart& out) {
+  if (held.size() != base_meta.size())
+    throw Error(file.label() + ": " + std::to_string(held.size()) + " placements for " + std::to_string(base_meta.size()) + " tensors");
+  out.relative = base_bits.empty() && compact::is_compact_delta(file);
+  if (out.relative) {
+    out.delta.patches = compact::decode_compact_delta_unbased(file, base_meta, out.delta.decoded);
+    out.delta.info = out.delta.decoded.info;
+  } else if (base_bits.empty()) {
+    resolve_trl_delta(file, base_meta, out.delta);
+  } else {
+    resolve_delta(file, base_meta, base_bits, out.delta);
+  }
+  const engine::DeltaToApply entry{&file, manifest.version, manifest.base_version};
+  out.promises = engine::delta_promises(entry, out.delta.info);
+  if (auto u = integrity::read_digest_map(out.delta.info.extra, shard_keys::kUnchangedDigests, file.label())) out.unchanged = *u;
+  for (size_t t = 0; t < base_meta.size(); ++t) {
+    const PatchRef& p = out.delta.patches[t];
+    for (uint64_t i = 0; i < p.count; ++i)
+      if (!held[t].contains(patch_index(p, i)))
+        throw BadInputError(file.label() + ": changes tensor " + base_meta[t].name + " at position " + std::to_string(patch_index(p, i)) +
+                            ", outside the placement " + placement_text(held[t]) + " its manifest entry gives it");
+  }
 }
 
 CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<const st::File> files,
@@ -56,36 +78,16 @@ CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<
   for (size_t t = 0; t < T; ++t) check_tiling(held[t], part_names, base_meta[t].numel(), base_meta[t].name, label);
 
   // 2. Each part resolved and checked against its manifest entry.
-  std::vector<ResolvedDelta> resolved(parts.size());
-  std::vector<integrity::DeltaDigests> promises(parts.size());
-  std::vector<integrity::DigestMap> unchanged(parts.size());
-  const engine::DeltaToApply entry{nullptr, manifest.version, manifest.base_version};
-  bool out_relative = false;
+  std::vector<ResolvedPart> resolved(parts.size());
   for (size_t k = 0; k < parts.size(); ++k) {
-    const st::File& file = files[k];
-    if (base_bits.empty() && compact::is_compact_delta(file)) {
-      if (k > 0 && !out_relative) throw BadInputError(file.label() + ": a compact part among parts of another layout");
-      out_relative = true;
-      resolved[k].patches = compact::decode_compact_delta_unbased(file, base_meta, resolved[k].decoded);
-      resolved[k].info = resolved[k].decoded.info;
-    } else if (base_bits.empty()) {
-      if (out_relative) throw BadInputError(file.label() + ": a part of another layout among compact parts");
-      resolve_trl_delta(file, base_meta, resolved[k]);
-    } else {
-      resolve_delta(file, base_meta, base_bits, resolved[k]);
-    }
-    engine::DeltaToApply mine = entry;
-    mine.file = &file;
-    promises[k] = engine::delta_promises(mine, resolved[k].info);
-    if (auto u = integrity::read_digest_map(resolved[k].info.extra, shard_keys::kUnchangedDigests, file.label())) unchanged[k] = *u;
-    for (size_t t = 0; t < T; ++t) {
-      const PatchRef& p = resolved[k].patches[t];
-      for (uint64_t i = 0; i < p.count; ++i)
-        if (!held[t][k].contains(index_at(p, i)))
-          throw BadInputError(file.label() + ": changes tensor " + base_meta[t].name + " at position " + std::to_string(index_at(p, i)) +
-                              ", outside the placement " + placement_text(held[t][k]) + " its manifest entry gives it");
-    }
+    std::vector<Placement> mine(T);
+    for (size_t t = 0; t < T; ++t) mine[t] = held[t][k];
+    resolve_delta_part(manifest, files[k], base_meta, base_bits, mine, resolved[k]);
+    if (k > 0 && resolved[k].relative != resolved[0].relative)
+      throw BadInputError(files[k].label() + (resolved[k].relative ? ": a compact part among parts of another layout"
+                                                                    : ": a part of another layout among compact parts"));
   }
+  const bool out_relative = !resolved.empty() && resolved[0].relative;
 
   // 3. Per tensor: the parts' changes merged in position order, and the partials summed.
   CombinedDelta out;
@@ -104,8 +106,8 @@ CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<
     };
     std::vector<Ref> refs;
     for (size_t k = 0; k < parts.size(); ++k) {
-      const PatchRef& p = resolved[k].patches[t];
-      for (uint64_t i = 0; i < p.count; ++i) refs.push_back(Ref{index_at(p, i), k, i});
+      const PatchRef& p = resolved[k].delta.patches[t];
+      for (uint64_t i = 0; i < p.count; ++i) refs.push_back(Ref{patch_index(p, i), k, i});
     }
     if (refs.empty()) continue;
     std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.position < b.position; });
@@ -119,7 +121,7 @@ CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<
     val.resize(refs.size() * w);
     for (size_t i = 0; i < refs.size(); ++i) {
       pos.push_back(static_cast<int64_t>(refs[i].position));
-      const PatchRef& p = resolved[refs[i].part].patches[t];
+      const PatchRef& p = resolved[refs[i].part].delta.patches[t];
       std::memcpy(val.data() + i * w, static_cast<const uint8_t*>(p.values) + refs[i].k * w, w);
     }
     out.patches[t] = PatchRef{pos.size(), pos.data(), 8, val.data(), w};
@@ -128,14 +130,14 @@ CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<
     for (size_t k = 0; k < parts.size(); ++k) {
       if (held[t][k].empty()) continue;
       const std::string& name = base_meta[t].name;
-      auto b = promises[k].base.find(name);
-      if (b != promises[k].base.end()) {
+      auto b = resolved[k].promises.base.find(name);
+      if (b != resolved[k].promises.base.end()) {
         base += b->second;
-        result += promises[k].result.at(name);
+        result += resolved[k].promises.result.at(name);
         continue;
       }
-      auto u = unchanged[k].find(name);
-      if (u == unchanged[k].end())
+      auto u = resolved[k].unchanged.find(name);
+      if (u == resolved[k].unchanged.end())
         throw BadInputError(files[k].label() + ": holds tensor " + name + " but records no digest for it (the other parts change it)");
       base += u->second;
       result += u->second;
@@ -170,75 +172,83 @@ std::vector<uint8_t> serialize_anchor_slices(std::span<const TensorMeta> tensors
 
 bool holds_anchor_slices(const st::File& file) { return file.metadata().contains(shard_keys::kPlacements); }
 
+std::vector<AnchorSlice> anchor_part_slices(const st::File& file) {
+  std::vector<AnchorSlice> out;
+  if (!holds_anchor_slices(file)) {  // an ordinary anchor part: each tensor whole
+    for (const TensorMeta& m : model_tensors(file)) out.push_back(AnchorSlice{m, whole_placement(m.numel()), file.bytes(file.at(m.name))});
+    return out;
+  }
+  const std::string& where = file.label();
+  json j = json::parse(file.metadata().at(shard_keys::kPlacements), nullptr, false);
+  if (!j.is_object()) throw BadInputError(where + ": metadata placements is not a JSON object");
+  const auto recorded = integrity::read_digest_map(file.metadata(), shard_keys::kSliceDigests, where);
+  if (!recorded) throw BadInputError(where + ": anchor slices without slice_digests");
+  std::vector<ConstTensorRef> refs;
+  std::vector<Placement> placements;
+  for (const st::TensorInfo& ti : file.tensors()) {
+    auto e = j.find(ti.name);
+    const bool ok = e != j.end() && e->is_object() && e->contains("shape") && (*e)["shape"].is_array() && e->contains("placement");
+    if (!ok) throw BadInputError(where + ": tensor " + ti.name + " has no placement entry");
+    TensorMeta meta{ti.name, ti.dtype, {}};
+    for (const auto& d : (*e)["shape"]) {
+      if (!d.is_number_unsigned()) throw BadInputError(where + ": tensor " + ti.name + " has a malformed full shape");
+      meta.shape.push_back(d.get<uint64_t>());
+    }
+    const std::optional<Placement> parsed = placement_from_json((*e)["placement"]);
+    if (!parsed) throw BadInputError(where + ": tensor " + ti.name + " has a malformed placement");
+    const Placement pl = *parsed;
+    if (ti.numel() != pl.numel())
+      throw BadInputError(where + ": tensor " + ti.name + " holds " + std::to_string(ti.numel()) + " elements, its placement " +
+                          placement_text(pl) + " " + std::to_string(pl.numel()));
+    if (!pl.empty() && (pl.run_stride < pl.run_length || pl.end() > meta.numel()))
+      throw BadInputError(where + ": tensor " + ti.name + ": placement " + placement_text(pl) + " does not fit its " +
+                          std::to_string(meta.numel()) + " elements");
+    out.push_back(AnchorSlice{std::move(meta), pl, file.bytes(ti)});
+    refs.push_back(ConstTensorRef{ti.name, file.bytes(ti).data(), ti.numel(), dtype_width(ti.dtype)});
+    placements.push_back(pl);
+  }
+  // Each slice's bytes are what its tensor table and digests say.
+  const std::vector<uint64_t> partials = digest_placed_tensors(refs, placements);
+  for (size_t k = 0; k < refs.size(); ++k) {
+    auto r = recorded->find(refs[k].name);
+    if (r == recorded->end() || r->second != partials[k])
+      throw BadInputError(where + ": slice of tensor " + std::string(refs[k].name) + " does not match its recorded digest");
+  }
+  return out;
+}
+
 AssembledTensors assemble_anchor_slices(std::span<const st::File* const> parts, const std::string& label) {
-  struct Slice {
-    const st::File* file;
-    const st::TensorInfo* info;
-    Placement placement;
-  };
   struct Whole {
     TensorMeta meta;
-    std::vector<Slice> slices;
+    std::vector<AnchorSlice> slices;
+    std::vector<std::string> part_names;
   };
   std::vector<Whole> wholes;
   std::map<std::string, size_t> at;
   for (const st::File* file : parts) {
-    const std::string& where = file->label();
-    json j = json::parse(file->metadata().at(shard_keys::kPlacements), nullptr, false);
-    if (!j.is_object()) throw BadInputError(where + ": metadata placements is not a JSON object");
-    const auto recorded = integrity::read_digest_map(file->metadata(), shard_keys::kSliceDigests, where);
-    if (!recorded) throw BadInputError(where + ": anchor slices without slice_digests");
-    std::vector<ConstTensorRef> refs;
-    std::vector<Placement> placements;
-    for (const st::TensorInfo& ti : file->tensors()) {
-      auto e = j.find(ti.name);
-      const bool ok = e != j.end() && e->is_object() && e->contains("shape") && (*e)["shape"].is_array() && e->contains("placement");
-      if (!ok) throw BadInputError(where + ": tensor " + ti.name + " has no placement entry");
-      TensorMeta meta{ti.name, ti.dtype, {}};
-      for (const auto& d : (*e)["shape"]) {
-        if (!d.is_number_unsigned()) throw BadInputError(where + ": tensor " + ti.name + " has a malformed full shape");
-        meta.shape.push_back(d.get<uint64_t>());
-      }
-      const std::optional<Placement> parsed = placement_from_json((*e)["placement"]);
-      if (!parsed) throw BadInputError(where + ": tensor " + ti.name + " has a malformed placement");
-      const Placement pl = *parsed;
-      if (ti.numel() != pl.numel())
-        throw BadInputError(where + ": tensor " + ti.name + " holds " + std::to_string(ti.numel()) + " elements, its placement " +
-                            placement_text(pl) + " " + std::to_string(pl.numel()));
-      auto [it, fresh] = at.emplace(ti.name, wholes.size());
-      if (fresh) wholes.push_back(Whole{meta, {}});
+    for (AnchorSlice& slice : anchor_part_slices(*file)) {
+      auto [it, fresh] = at.emplace(slice.full.name, wholes.size());
+      if (fresh) wholes.push_back(Whole{slice.full, {}, {}});
       Whole& w = wholes[it->second];
-      if (w.meta.dtype != meta.dtype || w.meta.shape != meta.shape)
-        throw BadInputError(where + ": tensor " + ti.name + " is " + std::string(dtype_name(meta.dtype)) + shape_text(meta.shape) +
-                            " here, " + std::string(dtype_name(w.meta.dtype)) + shape_text(w.meta.shape) + " in another part");
-      w.slices.push_back(Slice{file, &ti, pl});
-      refs.push_back(ConstTensorRef{ti.name, file->bytes(ti).data(), ti.numel(), dtype_width(ti.dtype)});
-      placements.push_back(pl);
-    }
-    // Each slice's bytes are what its tensor table and digests say.
-    const std::vector<uint64_t> partials = digest_placed_tensors(refs, placements);
-    for (size_t k = 0; k < refs.size(); ++k) {
-      auto r = recorded->find(refs[k].name);
-      if (r == recorded->end() || r->second != partials[k])
-        throw BadInputError(where + ": slice of tensor " + std::string(refs[k].name) + " does not match its recorded digest");
+      if (w.meta.dtype != slice.full.dtype || w.meta.shape != slice.full.shape)
+        throw BadInputError(file->label() + ": tensor " + slice.full.name + " is " + std::string(dtype_name(slice.full.dtype)) +
+                            shape_text(slice.full.shape) + " here, " + std::string(dtype_name(w.meta.dtype)) + shape_text(w.meta.shape) +
+                            " in another part");
+      w.part_names.push_back("part " + file->label());
+      w.slices.push_back(std::move(slice));
     }
   }
   AssembledTensors out;
   for (Whole& w : wholes) {
     std::vector<Placement> pls;
-    std::vector<std::string> names;
-    for (const Slice& s : w.slices) {
-      pls.push_back(s.placement);
-      names.push_back("part " + s.file->label());
-    }
-    check_tiling(pls, names, w.meta.numel(), w.meta.name, label);
+    for (const AnchorSlice& s : w.slices) pls.push_back(s.placement);
+    check_tiling(pls, w.part_names, w.meta.numel(), w.meta.name, label);
     const uint32_t width = w.meta.width();
     std::vector<uint8_t> full(w.meta.numel() * width);
-    for (const Slice& s : w.slices) {
-      const uint8_t* src = s.file->bytes(*s.info).data();
+    for (const AnchorSlice& s : w.slices) {
       const Placement& p = s.placement;
       for (uint64_t r = 0; r < p.run_count; ++r)
-        std::memcpy(full.data() + (p.first + r * p.run_stride) * width, src + r * p.run_length * width, p.run_length * width);
+        std::memcpy(full.data() + (p.first + r * p.run_stride) * width, s.bytes.data() + r * p.run_length * width, p.run_length * width);
     }
     out.tensors.push_back(std::move(w.meta));
     out.storage.push_back(std::move(full));

@@ -23,6 +23,7 @@
 #include "core/placement.hpp"
 #include "core/tensor_meta.hpp"
 #include "engine/integrity.hpp"
+#include "codec/delta_io.hpp"
 #include "format/safetensors.hpp"
 #include "sync/protocol.hpp"
 
@@ -52,6 +53,25 @@ struct CombinedDelta {
   std::vector<std::vector<uint8_t>> values;
 };
 
+// Position k of a patch (int32 or int64 indices).
+inline uint64_t patch_index(const PatchRef& p, uint64_t k) {
+  if (p.index_width == 4) return static_cast<uint64_t>(static_cast<const int32_t*>(p.indices)[k]);
+  return static_cast<uint64_t>(static_cast<const int64_t*>(p.indices)[k]);
+}
+
+// One delta part (or a whole delta: its placements whole) resolved for a reader of `base_meta`
+// and checked against its manifest entry (delta_promises: versions, digests present) and its
+// placements (`held[t]`: tensor t's in this part; a change outside one is a BadInputError naming
+// the part and tensor). Compact parts without `base_bits` decode unbased (`relative`).
+struct ResolvedPart {
+  ResolvedDelta delta;
+  integrity::DeltaDigests promises;  // the part's partials of the tensors it changes
+  integrity::DigestMap unchanged;    // ... and of those it holds unchanged
+  bool relative = false;
+};
+void resolve_delta_part(const protocol::Manifest& manifest, const st::File& file, std::span<const TensorMeta> base_meta,
+                        std::span<const ConstTensorRef> base_bits, std::span<const Placement> held, ResolvedPart& out);
+
 // Combines the delta parts of `manifest` (files[k] is manifest.delta_parts[k]'s bytes, SHA-checked)
 // for a receiver holding `base_meta`. `base_bits` are the receiver's current bits in host memory
 // (compact parts code values relative to them); empty when the weights are elsewhere: compact
@@ -70,6 +90,17 @@ std::vector<uint8_t> serialize_anchor_slices(std::span<const TensorMeta> tensors
                                              const std::string& part_label);
 // True when an anchor part holds slices (its metadata has `placements`).
 bool holds_anchor_slices(const st::File& file);
+
+// The tensors of one anchor part (already SHA-checked) as slices of the full tensors: a part of
+// slices as its placements say, each slice's digest checked against slice_digests and its
+// placement against the full shape (BadInputError naming the part and tensor); an ordinary
+// part's tensors whole. `bytes` point into `file`.
+struct AnchorSlice {
+  TensorMeta full;
+  Placement placement;
+  std::span<const uint8_t> bytes;
+};
+std::vector<AnchorSlice> anchor_part_slices(const st::File& file);
 
 // Full tensors assembled from the slices of several anchor parts (held in `storage`).
 struct AssembledTensors {

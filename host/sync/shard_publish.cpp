@@ -11,6 +11,7 @@
 #include "engine/integrity.hpp"
 #include "sync/protocol_json.hpp"
 #include "sync/shard_parts.hpp"
+#include "sync/shard_resume.hpp"
 
 namespace deltasync {
 namespace {
@@ -285,6 +286,59 @@ ShardPublisher::ShardPublisher(std::shared_ptr<Store> store, std::vector<ShardTe
   digests_.assign(tensors_.size(), 0);
 }
 
+ShardPublisher::~ShardPublisher() = default;
+
+PartReceipt ShardPublisher::recover() {
+  const uint64_t since = fence_.since.value_or(0);
+  try {
+    if (shadow_started_ || pending_version_) throw Error("resume must come before the first publish");
+    PartReceipt receipt;
+    receipt.rank = rank_;
+    receipt.version = since;
+    std::vector<uint64_t> partials(tensors_.size(), 0);
+    if (fence_.since) {  // else an empty store at the claim: nothing to recover
+      recovered_ = std::make_unique<ShardRecovery>(recover_shard(*store_, tensors_, fence_));
+      partials = recovered_->partials;
+      resume_counters_ = recovered_->counters;
+    }
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      const ShardTensor& x = tensors_[t];
+      receipt.tensors.push_back(PartReceipt::Tensor{x.full.name, x.full.dtype, x.full.shape, x.placement, partials[t], 0});
+    }
+    return receipt;
+  } catch (const std::exception& e) {
+    recovered_.reset();
+    return failed_receipt(rank_, since, e.what());
+  }
+}
+
+std::optional<uint64_t> ShardPublisher::adopt(std::span<const PartReceipt> receipts) {
+  if (!fence_.since) return std::nullopt;
+  const uint64_t since = *fence_.since;
+  // Every rank holds the same receipts: a failure anywhere throws the same line everywhere, and
+  // when none failed every rank has its recovery (and the same manifest's digests).
+  check_recovery(receipts, since, recovered_ ? std::span<const uint64_t>(recovered_->expected) : std::span<const uint64_t>());
+  if (!recovered_) throw Error("resume from version " + std::to_string(since) + ": this rank has not recovered its shard");
+  std::vector<ConstTensorRef> refs;
+  std::vector<std::unique_ptr<engine::EngineMemory>> memory;
+  for (size_t i = 0; i < held_.size(); ++i) {
+    const TensorMeta& m = full_[held_[i]];
+    const std::vector<uint8_t>& bits = recovered_->local[i];
+    memory.push_back(engine_->allocate(bits.size()));
+    const uint64_t numel = tensors_[held_[i]].placement.numel();
+    engine_->write(TensorRef{m.name, memory.back()->data(), numel, m.width()}, 0, bits);
+    refs.push_back(ConstTensorRef{m.name, memory.back()->data(), numel, m.width()});
+  }
+  if (!refs.empty()) engine_->reset_shadow(refs);
+  resume_staging_ = std::move(memory);
+  shadow_started_ = true;
+  broken_ = false;
+  committed_ = recovered_->state;
+  digests_ = recovered_->partials;
+  recovered_.reset();
+  return since;
+}
+
 bool ShardPublisher::anchor_due(uint64_t version) const {
   if (broken_ || !committed_.last_version || !committed_.last_anchor_version) return true;
   return anchor_rule_due(options_, version, *committed_.last_anchor_version, committed_.delta_bytes_since_anchor, model_bytes_);
@@ -337,6 +391,7 @@ PartReceipt ShardPublisher::publish_part(uint64_t version, std::span<const Const
     engine::StagedDelta staged;
     engine::EncodeRequest request;  // raw changes on the host: their positions are translated here
     if (!held.empty()) engine_->encode(held, request, staged);
+    resume_staging_.clear();  // the encode has read the shadow reset from them
     if (!held_.empty() && !staged.has_base_values)
       throw Error("publish: the engine staged no base bits (a full shadow is needed for shard parts)");
     // The engine's change set in shard coordinates -> the model's tensors in full coordinates.

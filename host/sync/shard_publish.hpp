@@ -6,6 +6,7 @@
 //
 //   rank 0:  claim = claim_for_group(store, options)            once, at the group's start-up
 //   all:     publisher = ShardPublisher(..., broadcast claim, ...)  (the refusal, on every rank)
+//   all:     a restart resuming: adopt(all-gathered recover())   (sync/shard_resume.hpp)
 //   rank r:  receipt = publisher.publish_part(V, local shards, publisher.anchor_due(V))
 //   rank 0:  outcome = commit_parts(store, gathered receipts, ..., publisher.fence())
 //   all:     publisher.conclude(V, broadcast outcome)
@@ -36,6 +37,17 @@
 #include "sync/publisher.hpp"
 
 namespace deltasync {
+
+struct ShardRecovery;  // sync/shard_resume.hpp
+
+// What one rank's resume read from the store (ShardPublisher::recover).
+struct ResumeCounters {
+  uint64_t bytes_read = 0;     // object bytes fetched: headers, whole parts, ranges (not manifests)
+  uint64_t header_reads = 0;   // ranged reads of anchor part headers (two per part: length, header)
+  uint64_t whole_objects = 0;  // parts read whole (SHA-256 checked)
+  uint64_t ranged_reads = 0;   // ranged reads of anchor slices
+  double seconds = 0;
+};
 
 // One tensor of the model as this rank holds it: the full tensor's name, dtype and shape, and
 // where the local elements sit (an empty placement: the rank publishes none of it -- an empty
@@ -120,6 +132,19 @@ class ShardPublisher {
   // merging and background uploads do not (see above).
   ShardPublisher(std::shared_ptr<Store> store, std::vector<ShardTensor> tensors, uint64_t rank, const ClaimOutcome& claim,
                  std::unique_ptr<engine::SyncEngine> engine, PublisherOptions options = {});
+  ~ShardPublisher();
+
+  // Resume (sync/shard_resume.hpp), before the first publish, on every rank. recover(): this
+  // rank's shard at the fence's `since`, read from the store; the receipt (never throws: a
+  // failure is its error) goes to every rank (an all-gather). adopt(every rank's receipt, rank
+  // order): the same verdict on every rank -- Error with one line when a rank failed or the
+  // recovered shards do not sum to the manifest's digests, nothing changed -- else the shadow
+  // holds the store's bits at `since` and the next version is a delta against it. Returns
+  // `since`; nullopt (nothing done) when the store had no version at the claim.
+  PartReceipt recover();
+  std::optional<uint64_t> adopt(std::span<const PartReceipt> receipts);
+  // What this rank's recover() read and how long it took (zeros before).
+  ResumeCounters resume_counters() const { return resume_counters_; }
 
   // True when version `version` must be an anchor: no committed version yet, the last version
   // failed, anchor_every versions since the last anchor, or the committed delta bytes since it
@@ -167,6 +192,11 @@ class ShardPublisher {
   bool shadow_started_ = false;         // the engine's shadow holds the held shards (reset once)
   std::optional<uint64_t> pending_version_;
   std::vector<uint64_t> pending_digests_;
+  std::unique_ptr<ShardRecovery> recovered_;  // recover()'s result until adopt()
+  // The recovered bits in the engine's memory, kept until the first encode has run after the
+  // shadow was reset from them (a device engine's copies are queued on its stream).
+  std::vector<std::unique_ptr<engine::EngineMemory>> resume_staging_;
+  ResumeCounters resume_counters_;
 };
 
 }  // namespace deltasync

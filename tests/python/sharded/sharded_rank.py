@@ -14,6 +14,11 @@ MODE: fsdp2   a Sequential of Linears sharded with fully_shard, trained with Ada
               FENCE {fence} after the claim, or REFUSED <error> and stops at a refusal (the claim's
               or a version's); KILL_AT is then the version before which every rank pauses
               (creates OUT_DIR/paused-RANK, waits for OUT_DIR/resume) while another group runs
+      resume  fsdp2's model, restarted: ShardedDeltaPublisher(resume=True); prints RESUMED {report}
+              (resumed_version, this rank's resume_report and its shard's bytes), or REFUSED <error>
+              and stops. With $DS_CHECKPOINT=1 the shards first take OUT_DIR/v{FIRST-1}.pt (the
+              trainer's own checkpoint) and version FIRST is published before any training step.
+      trl-resume  trl's publisher with resume=True (the same RESUMED line, from its publisher)
 KILL_AT: rank 1 uploads its part of that version and is SIGKILLed before the gather.
 """
 import datetime
@@ -60,7 +65,7 @@ def dtensor_model(mesh):
 class CallbackPublisher:
     """deltasync.trl's callback driven as transformers' Trainer drives it, one step per version."""
 
-    def __init__(self, model, store):
+    def __init__(self, model, store, **options):
         from types import SimpleNamespace
 
         from torch.distributed.tensor import DTensor
@@ -68,7 +73,7 @@ class CallbackPublisher:
         from deltasync.trl import DeltaSyncCallback
 
         self.model, self.ns, self.dtensor = model, SimpleNamespace, DTensor
-        self.callback = DeltaSyncCallback(store, anchor_every=4, anchor_share=0)
+        self.callback = DeltaSyncCallback(store, anchor_every=4, anchor_share=0, **options)
 
     def publish(self, version):
         state = self.ns(global_step=version, is_world_process_zero=dist.get_rank() == 0)
@@ -85,6 +90,26 @@ class CallbackPublisher:
         report = self.callback.reports[-1]
         return {"committed": report.visible, "anchor": report.anchor, "changed_elements": report.changed_elements,
                 "delta_bytes": report.delta_bytes, "gathered_bytes": 0}
+
+
+def load_checkpoint(model, path):
+    """The trainer's own restart: every rank's shards from the gathered weights saved at `path`."""
+    from torch.distributed.tensor import distribute_tensor
+
+    full = torch.load(path)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.to_local().copy_(distribute_tensor(full[name], p.device_mesh, p.placements).to_local())
+
+
+def shard_bytes(model):
+    """What this rank's anchor slices would hold: its local elements."""
+    return sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+
+
+def print_resumed(pub, model):
+    print("RESUMED", json.dumps({"resumed_version": pub.resumed_version, "shard_bytes": shard_bytes(model), **pub.resume_report}),
+          flush=True)
 
 
 def main():
@@ -110,6 +135,19 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if mode == "trl":
         pub = CallbackPublisher(model, store)
+    elif mode in ("resume", "trl-resume"):
+        if os.environ.get("DS_CHECKPOINT") == "1":
+            load_checkpoint(model, os.path.join(out_dir, f"v{first - 1}.pt"))
+        try:
+            if mode == "resume":
+                pub = deltasync.ShardedDeltaPublisher(model, store=store, anchor_every=8, anchor_share=0, resume=True)
+                print_resumed(pub, model)
+            else:  # the callback builds its publisher, and resumes, at its first step
+                pub = CallbackPublisher(model, store, resume=True)
+        except DeltaSyncError as e:
+            print("REFUSED", type(e).__name__, e, flush=True)
+            dist.destroy_process_group()
+            return
     elif mode == "fenced":
         try:
             pub = deltasync.ShardedDeltaPublisher(model, store=store, anchor_every=4, anchor_share=0,
@@ -168,6 +206,8 @@ def main():
             torch.save(full, os.path.join(out_dir, f"v{version}.pt"))
             with open(os.path.join(out_dir, f"v{version}.json"), "w") as f:
                 json.dump(outcome, f)
+        if mode == "trl-resume" and version == first:
+            print_resumed(pub.callback.sync.publisher, model)
         print("VERSION", version, json.dumps(outcome), flush=True)
     dist.barrier()
     dist.destroy_process_group()

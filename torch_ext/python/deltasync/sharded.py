@@ -18,6 +18,13 @@ broadcast; the C++ core does the rest.
 
 Fencing is DeltaPublisher's: rank 0 claims the store once at construction (run_id=, take_over=),
 the outcome is broadcast, and a refusal is raised on every rank before anything is written.
+
+resume=True: a restarted group of the same run continues the store instead of publishing the
+model again. Every rank recovers the shadow of its own shard at the version the new epoch starts
+from (`resumed_version`), reading only the parts and byte ranges that overlap its placements (in
+full-tensor coordinates: another world size than the publishing group's works alike); the ranks'
+partial digests are summed and checked against the manifest. The next version is a delta. The
+trainer's own weights are not touched (they may differ from the store's: the delta carries it).
 """
 from __future__ import annotations
 
@@ -80,14 +87,17 @@ def _spec(name: str, t: torch.Tensor, offsets: Mapping, rank: int) -> tuple[tupl
 
 
 class ShardedDeltaPublisher:
-    def __init__(self, model, store, *, process_group=None, offsets: Mapping | None = None, log=None, **options):
+    def __init__(self, model, store, *, process_group=None, offsets: Mapping | None = None, log=None, resume: bool = False,
+                 **options):
         """`model`: a module (its parameters), a dict or (name, tensor) pairs, the same names on
         every rank. `offsets`: {name: (full_shape, flat_offset)} for plain per-rank tensors that
         hold a contiguous piece of a larger tensor. `process_group`: the trainer ranks (default:
         the default group). The keywords are DeltaPublisher's (anchor_every, anchor_share,
         format, keep_anchors, run_id, take_over, ...). Rank 0 claims the store for run_id with a
         new epoch; a store held by another run (without take_over) raises InvalidArgumentError
-        with the same one line on every rank, nothing written."""
+        with the same one line on every rank, nothing written. resume=True: see the module's
+        docstring; a rank whose recovery fails makes every rank raise the same one line
+        (DeltaSyncError), nothing written. `resume_report`: this rank's bytes read and seconds."""
         if not dist.is_initialized():
             raise RuntimeError("deltasync.ShardedDeltaPublisher: torch.distributed is not initialized")
         self.group = process_group
@@ -106,6 +116,13 @@ class ShardedDeltaPublisher:
         self._native = native().ShardPublisher(self.store, self.names, local, specs, self.rank, claim[0], options, log)
         self.last_outcome: dict | None = None
         self.outcomes: list[dict] = []
+        self.resumed_version: int | None = None
+        self.resume_report: dict | None = None
+        if resume:
+            receipts = [None] * self.world
+            dist.all_gather_object(receipts, self._native.recover(), group=self.group)
+            self.resumed_version = self._native.adopt(receipts)
+            self.resume_report = self._native.resume_report()
 
     def _locals(self):
         pairs = [_spec(n, t, self._offsets, self.rank) for n, t in zip(self.names, self._params)]

@@ -117,6 +117,33 @@ class ShardPublisherBinding {
 
   void conclude(const std::string& outcome) { publisher_->conclude(outcome_from_json(outcome, "commit outcome")); }
 
+  // Resume (sync/shard_resume.hpp): this rank's recovery receipt (JSON) for the all-gather ...
+  std::string recover() {
+    py::gil_scoped_release nogil;
+    return receipt_to_json(publisher_->recover());
+  }
+  // ... and every rank's, in rank order: `since`, or None for a store empty at the claim.
+  py::object adopt(const std::vector<std::string>& receipts) {
+    std::optional<uint64_t> since;
+    {
+      py::gil_scoped_release nogil;
+      std::vector<PartReceipt> parsed;
+      for (size_t r = 0; r < receipts.size(); ++r) parsed.push_back(receipt_from_json(receipts[r], "resume receipt of rank " + std::to_string(r)));
+      since = publisher_->adopt(parsed);
+    }
+    return since ? py::object(py::int_(*since)) : py::none();
+  }
+  py::dict resume_report() const {
+    const ResumeCounters c = publisher_->resume_counters();
+    py::dict d;
+    d["bytes_read"] = c.bytes_read;
+    d["header_reads"] = c.header_reads;
+    d["whole_objects"] = c.whole_objects;
+    d["ranged_reads"] = c.ranged_reads;
+    d["seconds"] = c.seconds;
+    return d;
+  }
+
   py::dict state() const {
     const PublisherState s = publisher_->state();
     py::dict d;
@@ -155,6 +182,9 @@ void bind_shard_publisher(py::module_& m) {
       .def("commit", &ShardPublisherBinding::commit, py::arg("receipts"))
       .def("failed_receipt", &ShardPublisherBinding::failed_receipt, py::arg("version"), py::arg("error"))
       .def("conclude", &ShardPublisherBinding::conclude, py::arg("outcome"))
+      .def("recover", &ShardPublisherBinding::recover)
+      .def("adopt", &ShardPublisherBinding::adopt, py::arg("receipts"))
+      .def("resume_report", &ShardPublisherBinding::resume_report)
       .def_property_readonly("fence", &ShardPublisherBinding::fence)
       .def("state", &ShardPublisherBinding::state)
       .def("placements", &ShardPublisherBinding::placements);

@@ -65,13 +65,16 @@ class DeltaSync:
         """Publishes `tensors` as `version` (default: the last one + 1, from first_version). With an engine
         (or wait=True) it returns once the version is visible and, with an engine, served; the
         engine is resumed unless resume=False (then call resume_engine())."""
-        version = self.next_version if version is None else version
         started = time.perf_counter()
         pairs = self._pairs(tensors)
         if self.publisher is None and any(_is_dtensor(t) for _, t in pairs):
             # A sharded trainer (FSDP2): every rank publishes its own shard, no full_tensor().
+            # With resume=True it continues the store's last version (a delta from it).
             self.publisher = ShardedDeltaPublisher(pairs, self.store, **self.publisher_options)
             self._model_bytes = sum(t.numel() * t.element_size() for _, t in pairs)
+            if self.publisher.resumed_version is not None:
+                self._last_version = self.publisher.resumed_version
+        version = self.next_version if version is None else version
         if isinstance(self.publisher, ShardedDeltaPublisher):
             return self._publish_sharded(version, started, resume)
         self._stage(pairs)
