@@ -102,7 +102,11 @@ PartReader read_part_header(Store& store, const protocol::Manifest& manifest, si
   const auto recorded = integrity::read_digest_map(md, shard_keys::kSliceDigests, r.label);
   if (!recorded) throw BadInputError(r.label + ": anchor slices without slice_digests");
 
-  std::vector<std::pair<Slice, size_t>> slices;  // slice, tensor
+  struct Entry {
+    Slice slice;
+    TensorMeta meta;
+  };
+  std::vector<Entry> entries;
   for (const auto& [name, v] : j.items()) {
     if (name == "__metadata__") continue;
     const std::string where = r.label + ": tensor " + name;
@@ -133,26 +137,27 @@ PartReader read_part_header(Store& store, const protocol::Manifest& manifest, si
     const auto d = recorded->find(name);
     if (d == recorded->end()) throw BadInputError(where + " has no slice_digests entry");
     s.recorded = d->second;
-    auto [it, fresh] = at.emplace(name, wholes.size());
+    entries.push_back(Entry{s, meta});
+  }
+  // In data order (the JSON object iterates by name): the order tensors first appear in, and the
+  // order the part is read in. Its data section is the slices, back to back: read front to back,
+  // every byte is hashed once.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.slice.begin < b.slice.begin; });
+  uint64_t next = 0;
+  for (const auto& [s, meta] : entries) {
+    const std::string where = r.label + ": tensor " + meta.name;
+    if (s.begin != next)
+      throw BadInputError(where + " starts at data byte " + std::to_string(s.begin) + ", not " + std::to_string(next) +
+                          " (the tensor table leaves a gap or overlaps)");
+    next = s.end;
+    auto [it, fresh] = at.emplace(meta.name, wholes.size());
     if (fresh) wholes.push_back(Whole{meta, {}});
     Whole& w = wholes[it->second];
     if (w.meta.dtype != meta.dtype || w.meta.shape != meta.shape)
       throw BadInputError(where + " is " + std::string(dtype_name(meta.dtype)) + shape_text(meta.shape) + " here, " +
                           std::string(dtype_name(w.meta.dtype)) + shape_text(w.meta.shape) + " in another part");
-    for (const Slice& other : w.slices)
-      if (other.part == k) throw BadInputError(where + " appears twice");
-    slices.emplace_back(s, it->second);
-  }
-  // The data section is the slices, back to back: read front to back, every byte is hashed once.
-  std::sort(slices.begin(), slices.end(), [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
-  uint64_t next = 0;
-  for (const auto& [s, t] : slices) {
-    if (s.begin != next)
-      throw BadInputError(r.label + ": tensor " + wholes[t].meta.name + " starts at data byte " + std::to_string(s.begin) + ", not " +
-                          std::to_string(next) + " (the tensor table leaves a gap or overlaps)");
-    next = s.end;
-    wholes[t].slices.push_back(s);
-    r.order.push_back(t);
+    w.slices.push_back(s);
+    r.order.push_back(it->second);
   }
   if (next != r.data_size)
     throw BadInputError(r.label + ": its tensors end at data byte " + std::to_string(next) + ", the part at " + std::to_string(r.data_size));
