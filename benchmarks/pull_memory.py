@@ -4,7 +4,7 @@ into host tensors; then the same model as a shard-local anchor of slices (one pa
 --part-mb each) pulled and loaded. Each in a child process whose peak RSS is reported next to
 the model and part sizes.
 
-  python benchmarks/pull_memory.py --bin build/bin [--model-mb 1200] [--part-mb 16] [--out FILE]
+  python benchmarks/pull_memory.py --bin build/bin [--before-bin OTHER/bin] [--model-mb 1200] [--part-mb 16] [--out FILE]
 
 The model is random bf16 in tensors of --tensor-mb, published once (an anchor, in parts of at
 most --part-mb) to a folder store. Reported: peak RSS, the binary's idle RSS (a usage error),
@@ -107,6 +107,7 @@ def main():
     ap.add_argument("--part-mb", type=int, default=16)
     ap.add_argument("--tensor-mb", type=int, default=8)
     ap.add_argument("--out")
+    ap.add_argument("--before-bin", help="a build to compare with (its pull rows are marked [before])")
     args = ap.parse_args()
     exe = os.path.join(args.bin, "deltasync")
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
@@ -116,13 +117,18 @@ def main():
         subprocess.run([exe, "publish", model, "--store", store, "--version", "1", "--anchor-part-bytes",
                         str(args.part_mb * 10**6), "--state", os.path.join(tmp, "state"), "--quiet"], check=True)
         _, idle, _ = peak_rss([exe, "pull"])  # usage error: the binary's own footprint
+        before = os.path.join(args.before_bin, "deltasync") if args.before_bin else None
+        before_idle = peak_rss([before, "pull"])[1] if before else None
         rows = []
 
         def pull(label, store, out, *extra):
-            rc, peak, err = peak_rss([exe, "pull", "--store", store, "-o", os.path.join(tmp, out), "--quiet", *extra])
-            if rc != 0:
-                sys.exit(f"pull failed: {err}")
-            rows.append((label, peak, idle))
+            # The binary measured, and (--before-bin) the one it is compared with, each into its own OUT.
+            for name, binary, base in ((label, exe, idle), *([(label + " [before]", before, before_idle)] if before else [])):
+                rc, peak, err = peak_rss([binary, "pull", "--store", store, "-o", os.path.join(tmp, out + ("_before" if binary == before else "")),
+                                          "--quiet", *extra])
+                if rc != 0:
+                    sys.exit(f"pull failed: {err}")
+                rows.append((name, peak, base))
 
         def subscriber(label, store):
             proc = subprocess.run([sys.executable, CHILD, store, model], capture_output=True, text=True)

@@ -24,20 +24,6 @@ void release(std::span<const uint8_t> bytes) {
   ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // advice: a failure only costs memory
 }
 
-// The digests OUT's shards record, in `meta` order; empty unless every tensor has one.
-std::vector<uint64_t> recorded_digests(const Checkpoint& checkpoint, const std::vector<TensorMeta>& meta) {
-  integrity::DigestMap all;
-  for (const auto& shard : checkpoint.shards())
-    if (auto d = integrity::read_checkpoint_digests(shard.data.metadata(), shard.data.label())) all.insert(d->begin(), d->end());
-  std::vector<uint64_t> out;
-  for (const TensorMeta& m : meta) {
-    const auto it = all.find(m.name);
-    if (it == all.end()) return {};
-    out.push_back(it->second);
-  }
-  return out;
-}
-
 }  // namespace
 
 CheckpointReceiver::CheckpointReceiver(std::string out_path, uint64_t max_shard_bytes, protocol::Catalog& catalog, std::string* unreadable)
@@ -48,7 +34,6 @@ CheckpointReceiver::CheckpointReceiver(std::string out_path, uint64_t max_shard_
     std::vector<TensorMeta> meta = existing.tensors();
     const std::optional<uint64_t> version = existing.recorded_version();
     if (existing.is_folder()) layout_ = layout_of(existing);
-    digests_ = recorded_digests(existing, meta);
     meta_ = std::move(meta);
     version_ = version;
     current_.emplace(std::move(existing));
@@ -56,7 +41,6 @@ CheckpointReceiver::CheckpointReceiver(std::string out_path, uint64_t max_shard_
     // An unreadable OUT is rebuilt from the store rather than refused: it is ours to replace.
     if (unreadable) *unreadable = e.what();
     layout_.reset();
-    digests_.clear();
   }
 }
 

@@ -39,6 +39,8 @@ class CheckpointReceiver final : public Receiver {
   CheckpointReceiver(std::string out_path, uint64_t max_shard_bytes, protocol::Catalog& catalog, std::string* unreadable = nullptr);
 
   std::vector<TensorMeta> tensors() const override { return meta_; }
+  // OUT's digests are computed from its bits (recompute_digests, one read), not taken from its
+  // headers: the audit of the version OUT records is of what it holds.
   std::optional<uint64_t> version() const override { return version_; }
   std::vector<uint64_t> digests() const override { return digests_; }
   void recompute_digests() override;

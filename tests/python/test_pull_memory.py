@@ -210,6 +210,26 @@ def test_pull_of_deltas_onto_an_existing_out_peaks_within_parts(with_deltas, tmp
     assert check[0] == 0, check[2]
 
 
+def test_out_whose_bits_differ_from_its_version_is_rebuilt_from_the_anchor(with_deltas, tmp_path):
+    """OUT at version 1 with one flipped bit (its header intact): the audit reads OUT's bits, so
+    the deltas are not applied onto it; the anchor and the deltas rebuild it, bit-exact."""
+    exe, models, store, deltas = with_deltas
+    out = tmp_path / "replica.safetensors"
+    rc, _, err = peak_rss([exe, "pull", "--store", store, "-o", out, "--version", 1, "--quiet"])
+    assert rc == 0, err
+    with open(out, "r+b") as f:
+        f.seek(os.path.getsize(out) - 100)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+    _, idle, _ = peak_rss([exe, "pull"])
+    rc, peak, err = peak_rss([exe, "pull", "--store", store, "-o", out])
+    assert rc == 0, err
+    assert "local weights do not match version 1" in err, err
+    assert peak - idle <= 2 * PART + 4 * deltas
+    assert_bits_of(models[3], out)
+
+
 def test_bad_delta_leaves_out_every_byte(with_deltas, tmp_path):
     """Version 3's delta corrupted: the catch-up fails (and so does the recovery, whose only
     anchor needs that delta too); OUT, at version 1, stays as it was."""
