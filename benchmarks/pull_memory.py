@@ -1,8 +1,10 @@
-"""Peak memory of the receiving side over model size: `deltasync pull -o DIR` of an anchor, and
-a Python DeltaSubscriber loading that anchor into host tensors, each in a child process whose
-peak RSS (ru_maxrss from wait4) is reported next to the model and part sizes.
+"""Peak memory of the receiving side over model size: `deltasync pull -o DIR` of an anchor, of
+deltas onto it and of an anchor plus deltas, and a Python DeltaSubscriber loading that anchor
+into host tensors; then the same model as a shard-local anchor of slices (one part per rank,
+--part-mb each) pulled and loaded. Each in a child process whose peak RSS is reported next to
+the model and part sizes.
 
-  python benchmarks/pull_memory.py --bin build/bin [--model-mb 1200] [--part-mb 16] [--out FILE]
+  python benchmarks/pull_memory.py --bin build/bin [--before-bin OTHER/bin] [--model-mb 1200] [--part-mb 16] [--out FILE]
 
 The model is random bf16 in tensors of --tensor-mb, published once (an anchor, in parts of at
 most --part-mb) to a folder store. Reported: peak RSS, the binary's idle RSS (a usage error),
@@ -38,6 +40,53 @@ def write_model(path, model_bytes, tensor_bytes, seed=0):
     return offset
 
 
+def mutate_model(src, dst, fraction, seed):
+    """dst := src with `fraction` of its elements (spread over every tensor) set to new bits: the
+    next step of a trainer, for a delta."""
+    rng = np.random.default_rng(seed)
+    with open(src, "rb") as f:
+        data = bytearray(f.read())
+    start = 8 + struct.unpack("<Q", data[:8])[0]
+    body = np.frombuffer(data, dtype=np.uint16, offset=start)
+    body = body.copy()
+    where = rng.choice(body.size, max(1, int(body.size * fraction)), replace=False)
+    body[where] ^= rng.integers(1, 1 << 16, where.size, dtype=np.uint16)
+    with open(dst, "wb") as f:
+        f.write(data[:start])
+        f.write(body.tobytes())
+
+
+def publish_sliced(model, store, ranks, version=1):
+    """Publishes `model` as a shard-local anchor of `ranks` parts, one per rank, each holding a
+    contiguous slice of every tensor (ShardPublisher's plain per-rank tensors with an offset):
+    the ranks run one after the other in this process, their receipts committed by rank 0 as a
+    gloo group's rank 0 would."""
+    from safetensors import safe_open
+
+    from deltasync._library import native
+
+    url = "file://" + os.path.abspath(store)
+    with safe_open(model, "pt") as st:
+        names = list(st.keys())
+        full = {n: st.get_tensor(n) for n in names}
+    claim = native().claim_for_group(url, {})
+    ranks_out = []
+    for r in range(ranks):
+        specs, local = [], []
+        for n in names:
+            flat = full[n].reshape(-1)
+            lo, hi = r * flat.numel() // ranks, (r + 1) * flat.numel() // ranks
+            specs.append(("offset", list(full[n].shape), lo, 0, 0))
+            local.append(flat[lo:hi].clone())
+        ranks_out.append((native().ShardPublisher(url, names, local, specs, r, claim, {}, None), local))
+    receipts = [pub.publish_part(version, local, True) for pub, local in ranks_out]
+    outcome = ranks_out[0][0].commit(receipts)
+    for pub, _ in ranks_out:
+        pub.conclude(outcome)
+    if not json.loads(outcome)["committed"]:
+        raise RuntimeError(f"sharded publish failed: {outcome}")
+
+
 def peak_rss(argv, env=None):
     """(exit status, peak RSS in bytes, stderr) of argv run as a child. Through /usr/bin/time:
     the peak a child of this interpreter reports would start from the interpreter's own (fork
@@ -58,6 +107,7 @@ def main():
     ap.add_argument("--part-mb", type=int, default=16)
     ap.add_argument("--tensor-mb", type=int, default=8)
     ap.add_argument("--out")
+    ap.add_argument("--before-bin", help="a build to compare with (its pull rows are marked [before])")
     args = ap.parse_args()
     exe = os.path.join(args.bin, "deltasync")
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
@@ -67,26 +117,58 @@ def main():
         subprocess.run([exe, "publish", model, "--store", store, "--version", "1", "--anchor-part-bytes",
                         str(args.part_mb * 10**6), "--state", os.path.join(tmp, "state"), "--quiet"], check=True)
         _, idle, _ = peak_rss([exe, "pull"])  # usage error: the binary's own footprint
+        before = os.path.join(args.before_bin, "deltasync") if args.before_bin else None
+        before_idle = peak_rss([before, "pull"])[1] if before else None
         rows = []
-        for out in ("out_dir", "out.safetensors"):
-            rc, peak, err = peak_rss([exe, "pull", "--store", store, "-o", os.path.join(tmp, out), "--quiet"])
-            if rc != 0:
-                sys.exit(f"pull failed: {err}")
-            rows.append((f"pull -o {'DIR' if out == 'out_dir' else 'FILE'}", peak, idle))
-        proc = subprocess.run([sys.executable, CHILD, store, model], capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(f"subscriber failed: {proc.stderr}")
-        sub = json.loads(proc.stdout.strip().splitlines()[-1])
-        if sub["error"] or not sub["equal_to_model"]:
-            sys.exit(f"subscriber failed: {sub}")
+
+        def pull(label, store, out, *extra):
+            # The binary measured, and (--before-bin) the one it is compared with, each into its own OUT.
+            for name, binary, base in ((label, exe, idle), *([(label + " [before]", before, before_idle)] if before else [])):
+                rc, peak, err = peak_rss([binary, "pull", "--store", store, "-o", os.path.join(tmp, out + ("_before" if binary == before else "")),
+                                          "--quiet", *extra])
+                if rc != 0:
+                    sys.exit(f"pull failed: {err}")
+                rows.append((name, peak, base))
+
+        def subscriber(label, store):
+            proc = subprocess.run([sys.executable, CHILD, store, model], capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.exit(f"subscriber failed: {proc.stderr}")
+            sub = json.loads(proc.stdout.strip().splitlines()[-1])
+            if sub["error"] or not sub["equal_to_model"]:
+                sys.exit(f"subscriber failed: {sub}")
+            rows.append((label, sub["extra"], None))
+
+        pull("pull -o DIR (anchor)", store, "out_dir")
+        pull("pull -o FILE (anchor)", store, "out.safetensors")
+        subscriber("DeltaSubscriber anchor (host tensors)", store)
+        # Versions 2 and 3: deltas changing 1% of the elements.
+        state = os.path.join(tmp, "state")
+        previous = model
+        for v in (2, 3):
+            nxt = os.path.join(tmp, f"model-{v}.safetensors")
+            mutate_model(previous, nxt, 0.01, seed=v)
+            subprocess.run([exe, "publish", nxt, "--store", store, "--version", str(v), "--state", state, "--quiet"], check=True)
+            if previous != model:
+                os.remove(previous)
+            previous = nxt
+        pull("pull -o DIR (deltas 2, 3 onto OUT at 1)", store, "out_dir")
+        pull("pull -o FILE (deltas 2, 3 onto OUT at 1)", store, "out.safetensors")
+        pull("pull -o DIR (anchor 1 + deltas 2, 3, fresh OUT)", store, "fresh_dir")
+        # The same model as a shard-local anchor of one part per rank.
+        sliced = os.path.join(tmp, "sliced")
+        ranks = max(1, size // (args.part_mb * 10**6))
+        publish_sliced(model, sliced, ranks)
+        pull(f"pull -o DIR (slice anchor, {ranks} ranks)", sliced, "sliced_dir")
+        subscriber(f"DeltaSubscriber slice anchor ({ranks} ranks, host tensors)", sliced)
         lines = [f"model {size / 1e6:.0f} MB bf16, anchor parts <= {args.part_mb} MB, tensors {args.tensor_mb} MB",
                  "", "| path | peak RSS | idle RSS | (peak-idle)/part | (peak-idle)/model |", "|---|---|---|---|---|"]
         for name, peak, base in rows:
+            if base is None:  # a subscriber: what the update added over its resident weights
+                lines.append(f"| {name} | +{peak / 1e6:.0f} MB over the weights | - | {peak / (args.part_mb * 1e6):.2f} | {peak / size:.3f} |")
+                continue
             extra = peak - base
             lines.append(f"| {name} | {peak / 1e6:.0f} MB | {base / 1e6:.0f} MB | {extra / (args.part_mb * 1e6):.2f} | {extra / size:.3f} |")
-        extra = sub["extra"]
-        lines.append(f"| DeltaSubscriber anchor (host tensors) | +{extra / 1e6:.0f} MB over the weights | - | "
-                     f"{extra / (args.part_mb * 1e6):.2f} | {extra / size:.3f} |")
         text = "\n".join(lines)
         print(text)
         if args.out:

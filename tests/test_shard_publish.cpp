@@ -11,6 +11,7 @@
 #include "codec/digest.hpp"
 #include "core/placement.hpp"
 #include "engine/cpu_sync_engine.hpp"
+#include "store/sha256.hpp"
 #include "store/store.hpp"
 #include "sync/mapped_receiver.hpp"
 #include "sync/shard_parts.hpp"
@@ -359,6 +360,127 @@ TEST(ShardRead, AnchorSlicesMustMatchTheirDigestsAndTileTheirTensor) {
   const st::File* bad[] = {&forged, &b};
   EXPECT_EQ(error_message([&] { assemble_anchor_slices(bad, "anchor of version 7"); }),
             "forged: slice of tensor w does not match its recorded digest");
+}
+
+// An anchor of slices streams: tensors come out a group at a time, assembled from every part's
+// slices (ranged reads), each exactly once and bit-exact, each group at most half the largest
+// part (or one larger tensor); a tampered slice, a part whose table disagrees with its bytes
+// (the manifest naming the altered part) and a missing part are each refused with one line
+// naming the part.
+TEST(ShardRead, AnAnchorOfSlicesStreamsAGroupOfTensorsAtATime) {
+  TempDir dir;
+  std::vector<Layout> layout = mixed_layout();
+  for (int k = 0; k < 6; ++k) layout.push_back({{16, 8}, DType::BF16, k % 2});  // more tensors than a group holds
+  World w(open_store(dir.path().string()), layout, 4, "compact");
+  ASSERT_TRUE(w.publish(1).committed);
+  auto store = open_store(dir.path().string());
+  Subscriber sub(*store);
+  ASSERT_EQ(sub.poll(), 1u);
+  const protocol::Manifest manifest = *sub.catalog().find(1);
+  uint64_t largest_part = 0, largest_tensor = 0;
+  for (const auto& p : manifest.anchor_parts) largest_part = std::max(largest_part, p.size);
+  for (const auto& m : w.meta) largest_tensor = std::max(largest_tensor, m.numel() * m.width());
+  std::map<std::string, std::vector<uint8_t>> got;
+  size_t groups = 0;
+  const SyncReport report = sub.stream_anchor(1, [&](std::span<const TensorMeta> meta, std::span<const std::span<const uint8_t>> bytes,
+                                                     std::span<const uint64_t> digests) {
+    ++groups;
+    uint64_t group = 0;
+    for (size_t t = 0; t < meta.size(); ++t) {
+      EXPECT_TRUE(got.emplace(meta[t].name, std::vector<uint8_t>(bytes[t].begin(), bytes[t].end())).second) << meta[t].name << " twice";
+      EXPECT_EQ(digest_to_hex(digests[t]), manifest.digests.at(meta[t].name)) << meta[t].name;
+      group += bytes[t].size();
+    }
+    EXPECT_LE(group, std::max(largest_part / 2, largest_tensor));
+  });
+  EXPECT_GT(groups, 1u);
+  EXPECT_EQ(report.anchor, 1u);
+  ASSERT_EQ(got.size(), w.meta.size());
+  for (size_t t = 0; t < w.meta.size(); ++t) EXPECT_TRUE(got.at(w.meta[t].name) == w.full[t]) << w.meta[t].name;
+
+  // A receiver that streams anchors (host tensors through the CPU engine) takes it the same way.
+  std::vector<std::vector<uint8_t>> mine(w.meta.size());
+  std::vector<TensorRef> targets;
+  for (size_t t = 0; t < w.meta.size(); ++t) {
+    mine[t].assign(w.full[t].size(), 0);
+    targets.push_back(TensorRef{w.meta[t].name, mine[t].data(), w.meta[t].numel(), w.meta[t].width()});
+  }
+  engine::CpuSyncEngine engine;
+  TensorReceiver receiver(w.meta, targets, engine);
+  Subscriber fresh(*store);
+  fresh.sync(receiver);
+  for (size_t t = 0; t < w.meta.size(); ++t) EXPECT_TRUE(mine[t] == w.full[t]) << w.meta[t].name;
+
+  // Bad input, each in a copy of the store.
+  std::vector<std::filesystem::path> parts;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
+    if (e.path().string().find("/anchors/") != std::string::npos && e.path().extension() == ".safetensors") parts.push_back(e.path());
+  std::sort(parts.begin(), parts.end());
+  ASSERT_EQ(parts.size(), 4u);
+  auto broken = [&](auto&& damage) {
+    TempDir copy;
+    std::filesystem::copy(dir.path(), copy.path(), std::filesystem::copy_options::recursive);
+    const std::filesystem::path part = copy.path() / std::filesystem::relative(parts[2], dir.path());
+    damage(copy.path(), part);
+    auto s = open_store(copy.path().string());
+    Subscriber reader(*s);
+    reader.poll();
+    const std::string error = error_message([&] { reader.stream_anchor(1, [](auto, auto, auto) {}); });
+    return std::make_pair(error, part.filename().string());
+  };
+  auto read_file = [](const std::filesystem::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+  };
+  auto write_file = [](const std::filesystem::path& p, const std::vector<uint8_t>& bytes) {
+    std::ofstream(p, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  };
+  {
+    auto [error, name] = broken([&](const std::filesystem::path&, const std::filesystem::path& part) {
+      auto bytes = read_file(part);
+      bytes[bytes.size() - 3] ^= 1;
+      write_file(part, bytes);
+    });
+    EXPECT_NE(error.find(name), std::string::npos) << error;
+    EXPECT_NE(error.find("does not match its recorded digest"), std::string::npos) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  }
+  {
+    auto [error, name] = broken([&](const std::filesystem::path&, const std::filesystem::path& part) { std::filesystem::remove(part); });
+    EXPECT_NE(error.find(name), std::string::npos) << error;
+  }
+  {
+    // Two slices of equal size trade places in the part's table; the manifest names the new part.
+    auto [error, name] = broken([&](const std::filesystem::path& root, const std::filesystem::path& part) {
+      const st::File file = st::File::open(part.string());
+      std::vector<st::WriteTensor> tensors;
+      for (const auto& ti : file.tensors()) tensors.push_back({ti.name, ti.dtype, ti.shape, file.bytes(ti)});
+      size_t a = tensors.size(), b = tensors.size();
+      for (size_t i = 0; i < tensors.size() && b == tensors.size(); ++i)
+        for (size_t j = i + 1; j < tensors.size(); ++j)
+          if (tensors[i].bytes.size() == tensors[j].bytes.size() && tensors[i].dtype == tensors[j].dtype && !tensors[i].bytes.empty() &&
+              !std::equal(tensors[i].bytes.begin(), tensors[i].bytes.end(), tensors[j].bytes.begin())) {
+            a = i, b = j;
+            break;
+          }
+      ASSERT_LT(b, tensors.size());
+      std::swap(tensors[a].bytes, tensors[b].bytes);
+      const auto old_bytes = read_file(part);
+      const auto new_bytes = st::serialize(tensors, file.metadata());
+      write_file(part, new_bytes);
+      for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+        if (e.path().extension() != ".json") continue;
+        const auto text_bytes = read_file(e.path());
+        std::string text(text_bytes.begin(), text_bytes.end());
+        const std::string old_sha = sha256_hex(old_bytes), old_size = std::to_string(old_bytes.size());
+        if (text.find(old_sha) == std::string::npos) continue;
+        text.replace(text.find(old_sha), old_sha.size(), sha256_hex(new_bytes));
+        write_file(e.path(), std::vector<uint8_t>(text.begin(), text.end()));
+      }
+    });
+    EXPECT_NE(error.find(name), std::string::npos) << error;
+    EXPECT_NE(error.find("does not match its recorded digest"), std::string::npos) << error;
+  }
 }
 
 // Weights that are not in host memory (a GPU) take compact parts unbased and rebase them on

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <optional>
-#include <set>
 
 #include "args.hpp"
 #include "backend.hpp"
@@ -16,33 +15,12 @@
 #include "codec/delta_io.hpp"
 #include "core/error.hpp"
 #include "engine/integrity.hpp"
+#include "tensor_patch.hpp"
 
 namespace deltasync::cli {
 namespace {
 
 constexpr const char* kUsage = "apply BASE DELTA -o OUT [--cpu|--gpu]";
-
-// The part of a delta that patches one file (one shard of a folder, or the whole file):
-// patches[t] for the file's tensor t, and the promises about those tensors.
-struct FilePatch {
-  std::vector<PatchRef> patches;
-  std::optional<integrity::DeltaDigests> promises;
-  uint64_t model_version = 0;
-};
-
-// Full digests of the tensors the delta changes (0 for the others), in file tensor order, on the
-// engine: `all` in its memory already, or host tensors it reads in batches.
-std::vector<uint64_t> changed_digests(engine::SyncEngine& engine, const std::vector<ConstTensorRef>& all,
-                                      const FilePatch& delta, bool in_engine_memory) {
-  std::vector<ConstTensorRef> changed;
-  for (size_t t = 0; t < all.size(); ++t)
-    if (delta.patches[t].count) changed.push_back(all[t]);
-  const std::vector<uint64_t> d = in_engine_memory ? engine.digests(changed) : engine_digests(engine, changed);
-  std::vector<uint64_t> out(all.size(), 0);
-  for (size_t t = 0, k = 0; t < all.size(); ++t)
-    if (delta.patches[t].count) out[t] = d[k++];
-  return out;
-}
 
 integrity::DigestMap by_name(const CheckpointImage& image, const FilePatch& delta, const std::vector<uint64_t>& d) {
   integrity::DigestMap out;
@@ -76,60 +54,6 @@ void write_output(engine::SyncEngine& engine, const std::string& path, Checkpoin
   st::write_file(path, tensors, md);
 }
 
-// The patches and promises of `delta` that concern the tensors base_meta[first, first + n).
-FilePatch file_patch(const ResolvedDelta& delta, const std::optional<integrity::DeltaDigests>& promises,
-                     const std::vector<TensorMeta>& base_meta, size_t first, size_t n) {
-  FilePatch out;
-  out.model_version = delta.info.model_version;
-  out.patches.assign(delta.patches.begin() + static_cast<ptrdiff_t>(first), delta.patches.begin() + static_cast<ptrdiff_t>(first + n));
-  if (promises) {
-    integrity::DeltaDigests part{promises->model_version, promises->base_version, {}, {}};
-    for (size_t t = first; t < first + n; ++t) {
-      const std::string& name = base_meta[t].name;
-      if (auto it = promises->base.find(name); it != promises->base.end()) part.base.emplace(name, it->second);
-      if (auto it = promises->result.find(name); it != promises->result.end()) part.result.emplace(name, it->second);
-    }
-    out.promises = std::move(part);
-  }
-  return out;
-}
-
-// Patches one file's image in place on the engine. With promises, the engine's verified apply
-// (base digests checked before anything is written, result digests in O(changed) after, every
-// byte restored on a mismatch); without, its validated scatter (nothing written for an invalid
-// patch). Returns the digests after the apply (0 for unchanged tensors; empty without promises).
-std::vector<uint64_t> patch_file(engine::SyncEngine& engine, CheckpointImage& image, const FilePatch& patch,
-                                 std::optional<uint64_t> version, const std::string& delta_label) {
-  const std::vector<TensorRef> host = image.targets();
-  PlacedTensors placed(engine, std::span<const TensorRef>(host));
-  engine::TransferCounters transfer;
-  if (!patch.promises) {
-    engine.scatter(placed.refs(), patch.patches, transfer);
-    placed.download();
-    return {};
-  }
-  try {
-    std::vector<uint64_t> digests = changed_digests(engine, placed.views(), patch, true);
-    engine.apply_patches(placed.refs(), patch.patches, *patch.promises, digests, version, transfer);
-    placed.download();
-    return digests;
-  } catch (const Error& e) {
-    throw Error(delta_label + ": " + e.what());
-  }
-}
-
-// Every tensor a delta's digests name must be one it changes: in a folder the promises are split
-// by shard, so one naming a tensor of no shard would otherwise go unchecked.
-void check_promises_name_changes(const ResolvedDelta& delta, const integrity::DeltaDigests& promises,
-                                 const std::vector<TensorMeta>& base_meta, const std::string& label) {
-  std::set<std::string_view> changed;
-  for (size_t t = 0; t < base_meta.size(); ++t)
-    if (delta.patches[t].count) changed.insert(base_meta[t].name);
-  for (const auto* map : {&promises.base, &promises.result})
-    for (const auto& [name, digest] : *map)
-      if (!changed.count(name)) throw Error(label + ": digests name tensor " + name + ", which the delta does not change");
-}
-
 int run_apply(const Args& raw) {
   ParsedArgs args(raw, {"-o", "--output"}, kBackendSwitches);
   args.expect_positional(2, kUsage);
@@ -147,23 +71,23 @@ int run_apply(const Args& raw) {
   ResolvedDelta delta;
   resolve_delta(delta_file, base_meta, checkpoint_views(base, base_meta), delta);
   const auto promises = integrity::read_delta_digests(delta.info, delta_file.label());
-  if (promises) check_promises_name_changes(delta, *promises, base_meta, delta_file.label());
+  if (promises) check_promises_name_changes(delta.patches, *promises, base_meta, delta_file.label());
   const std::optional<uint64_t> version = base.recorded_version();
 
   if (!base.is_folder()) {
     CheckpointImage image = CheckpointImage::load(base.path());
-    const FilePatch patch = file_patch(delta, promises, base_meta, 0, base_meta.size());
-    const std::vector<uint64_t> new_digests = patch_file(*engine, image, patch, version, delta_file.label());
+    const FilePatch patch = file_patch(delta.patches, delta.info.model_version, promises, base_meta, 0, base_meta.size());
+    const std::vector<uint64_t> new_digests = patch_tensors(*engine, image.targets(), patch, version, delta_file.label());
     write_output(*engine, out_path, image, patch, new_digests);
   } else {
     FolderWriter folder(out_path);
     size_t first = 0;
     for (const auto& shard : base.shards()) {
       CheckpointImage image = CheckpointImage::load(shard.path);
-      const FilePatch patch = file_patch(delta, promises, base_meta, first, image.meta.size());
+      const FilePatch patch = file_patch(delta.patches, delta.info.model_version, promises, base_meta, first, image.meta.size());
       first += image.meta.size();
       // Also for a shard the delta leaves alone: the version check belongs to every shard.
-      const std::vector<uint64_t> new_digests = patch_file(*engine, image, patch, version, delta_file.label());
+      const std::vector<uint64_t> new_digests = patch_tensors(*engine, image.targets(), patch, version, delta_file.label());
       write_output(*engine, folder.path_of(shard.file), image, patch, new_digests);
     }
     const std::string& index = base.index_text();

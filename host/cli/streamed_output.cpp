@@ -72,7 +72,10 @@ void StreamedOutput::write(const TensorMeta& meta, std::span<const uint8_t> byte
   slot.written = true;
 }
 
-void StreamedOutput::commit() {
+const std::string& StreamedOutput::staged_path() const { return folder_ ? folder_->temporary_path() : file_paths_.front(); }
+
+void StreamedOutput::finish() {
+  if (finished_) return;
   for (size_t t = 0; t < tensors_.size(); ++t)
     if (!slots_[t].written) throw Error(path_ + ": tensor " + tensors_[t].name + " never arrived");
   for (size_t f = 0; f < fds_.size(); ++f) {
@@ -86,6 +89,13 @@ void StreamedOutput::commit() {
     if (index_text_)
       folder_->write_bytes(kIndexFileName, {reinterpret_cast<const uint8_t*>(index_text_->data()), index_text_->size()});
     if (layout_) folder_->copy_files(layout_->folder, layout_->other_files);
+  }
+  finished_ = true;
+}
+
+void StreamedOutput::commit() {
+  finish();
+  if (folder_) {
     folder_->commit();
   } else {
     if (std::rename(file_paths_.front().c_str(), path_.c_str()) != 0)

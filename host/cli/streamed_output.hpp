@@ -1,7 +1,8 @@
 // Where pull writes an anchor it streams part by part: every file of OUT is created up front
 // under a temporary name with its header (the tensor table and the manifest's digests are known
 // before any data arrives), each tensor is written at its offset when its part has been
-// verified, and commit() renames the new files into place. Destroyed without commit(), it
+// verified, and commit() renames the new files into place (finish() before it leaves them
+// complete under their temporary names, for a reader of the staged weights: CheckpointReceiver). Destroyed without commit(), it
 // removes them and OUT stays as it was, every byte. Memory: none beyond what the caller hands in.
 #pragma once
 #include <cstdint>
@@ -30,7 +31,12 @@ class StreamedOutput {
   // Writes one tensor's bits. Error for a tensor not in the table, of another dtype or shape,
   // or written twice.
   void write(const TensorMeta& meta, std::span<const uint8_t> bytes);
-  // Every tensor written: fsync, then the new files take OUT's place. Error when one is missing.
+  // Every tensor written: fsync, and a folder's index and carried files written. The output is
+  // then a complete checkpoint at staged_path(), not yet visible under OUT's name (a reader of
+  // the staged weights opens it there). Error when a tensor is missing.
+  void finish();
+  const std::string& staged_path() const;
+  // finish(), then the new files take OUT's place.
   void commit();
 
  private:
@@ -48,6 +54,7 @@ class StreamedOutput {
   std::unique_ptr<FolderWriter> folder_;  // set for a folder output
   std::optional<std::string> index_text_;
   const FolderLayout* layout_ = nullptr;
+  bool finished_ = false;
   bool committed_ = false;
 };
 

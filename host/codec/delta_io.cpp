@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "codec/compact_two_phase.hpp"
 #include "core/error.hpp"
 
 namespace deltasync {
@@ -89,6 +90,18 @@ void resolve_trl_delta(const st::File& file, std::span<const TensorMeta> base_me
   out.patches = resolve_patches(parsed, base_meta, file.label());
   out.info = std::move(parsed.info);
   for (const auto& e : parsed.entries) out.changed_names.push_back(e.name);
+}
+
+bool resolve_delta_unbased(const st::File& file, std::span<const TensorMeta> base_meta, ResolvedDelta& out) {
+  if (!compact::is_compact_delta(file)) {
+    resolve_trl_delta(file, base_meta, out);
+    return false;
+  }
+  out.format = DeltaFormat::Compact;
+  out.patches = compact::decode_compact_delta_unbased(file, base_meta, out.decoded);
+  out.info = out.decoded.info;
+  out.changed_names = out.decoded.changed_names;
+  return true;
 }
 
 }  // namespace deltasync

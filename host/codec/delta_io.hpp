@@ -49,5 +49,10 @@ void resolve_delta(const st::File& file, std::span<const TensorMeta> base_meta, 
 // The interoperable (TRL layouts) branch of resolve_delta alone: needs no base bits, and the patches
 // point into `file` (host memory), ready to be uploaded by an engine whose weights live elsewhere.
 void resolve_trl_delta(const st::File& file, std::span<const TensorMeta> base_meta, ResolvedDelta& out);
+// Any delta resolved without the base's bits, for a reader whose weights are not in memory as a
+// whole: the TRL layouts as resolve_trl_delta, the compact layout decoded "unbased"
+// (compact_two_phase.hpp; returns true: the values are to be rebased on the base bits at their
+// positions).
+bool resolve_delta_unbased(const st::File& file, std::span<const TensorMeta> base_meta, ResolvedDelta& out);
 
 }  // namespace deltasync

@@ -95,6 +95,8 @@ class FolderWriter {
 
   // Where to write the file `name` of the new folder (inside the temporary folder).
   std::string path_of(const std::string& name) const;
+  // The temporary folder itself (readable as a Checkpoint once its files are written).
+  const std::string& temporary_path() const { return temp_; }
   void write_shard(const std::string& name, std::span<const st::WriteTensor> tensors, const st::Metadata& metadata);
   void write_bytes(const std::string& name, std::span<const uint8_t> bytes);
   // Copies files of `folder` (e.g. a Checkpoint's other_files) into the new folder.

@@ -16,6 +16,7 @@
 #include "format/model_version.hpp"
 #include "store/http_transport.hpp"
 #include "sync/shard_parts.hpp"
+#include "sync/slice_anchor_stream.hpp"
 
 namespace deltasync {
 namespace {
@@ -378,6 +379,7 @@ SyncReport Subscriber::stream_anchor(uint64_t version, const AnchorPartWriter& w
   report.to = version;
   report.anchor = version;
   std::set<std::string> seen;
+  bool slices = false;
   for (size_t k = 0; k < manifest.anchor_parts.size(); ++k) {
     const protocol::ObjectRef& o = manifest.anchor_parts[k];
     const auto f0 = Clock::now();
@@ -391,8 +393,12 @@ SyncReport Subscriber::stream_anchor(uint64_t version, const AnchorPartWriter& w
     if (part_version != version)
       throw Error(file.label() + ": anchor part is for version " +
                   (part_version ? std::to_string(*part_version) : std::string("unknown")) + ", expected " + std::to_string(version));
-    if (holds_anchor_slices(file))
-      throw Error(file.label() + ": anchor of slices (a shard-local publish) is loaded whole, not streamed", ErrorKind::kUnsupported);
+    if (holds_anchor_slices(file)) {
+      if (k > 0)
+        throw Error(file.label() + ": a part of slices after a part of whole tensors is loaded whole, not streamed", ErrorKind::kUnsupported);
+      slices = true;
+      break;  // the part's bytes go with `file`
+    }
     const std::vector<TensorMeta> tensors = model_tensors(file);
     std::vector<std::span<const uint8_t>> data;
     std::vector<ConstTensorRef> refs;
@@ -419,6 +425,22 @@ SyncReport Subscriber::stream_anchor(uint64_t version, const AnchorPartWriter& w
     write(tensors, data, digests);
     for (const TensorMeta& m : tensors) report.applied_elements += m.numel();
     report.apply_seconds += seconds_since(a0);
+  }
+  if (slices) {
+    // A shard-local publish: tensors are assembled from every part's slices, a group at a time
+    // of half the largest part (sync/slice_anchor_stream.hpp). Learning it from the first part
+    // costs that part's download once more; an anchor of whole tensors pays nothing.
+    uint64_t largest = 1;
+    for (const auto& part : manifest.anchor_parts) largest = std::max(largest, part.size);
+    const auto a0 = Clock::now();
+    const SliceStreamStats stats = stream_slice_anchor(store_, manifest, std::max<uint64_t>(1, largest / 2), write);
+    report.bytes_fetched += stats.bytes_fetched;
+    report.fetch_seconds += stats.fetch_seconds;
+    report.applied_elements = stats.elements;
+    report.apply_seconds += seconds_since(a0) - stats.fetch_seconds;
+    report.plan.anchor_version = version;
+    report.total_seconds = seconds_since(start);
+    return report;
   }
   if (!manifest.digests.empty() && seen.size() != manifest.digests.size())
     throw Error(label + ": holds " + std::to_string(seen.size()) + " tensors, its manifest " + std::to_string(manifest.digests.size()));

@@ -98,9 +98,13 @@ class Subscriber {
   // with those the part and the manifest record before `write` sees it; then it is dropped, so
   // host memory is bounded by one part, not the model. Only when every tensor of the manifest
   // has come exactly once does this return (else Error): until then the caller keeps what
-  // `write` wrote staged (temp names). Error kUnsupported, before `write` is called, for an
-  // anchor of slices (a shard-local publish), which callers load whole.
-  // write(tensors, their bits, their digests) for one part.
+  // `write` wrote staged (temp names). An anchor of slices (a shard-local publish) streams too,
+  // in groups of full tensors assembled from every part's slices (sync/slice_anchor_stream.hpp:
+  // each slice's digest checked before `write` sees it, each part's SHA-256 once its last byte
+  // has streamed, before this returns). Error kUnsupported for the rare anchor that cannot
+  // stream (parts of whole tensors and of slices mixed, parts in different tensor orders),
+  // which callers load whole; `write` may have been called before it.
+  // write(tensors, their bits, their digests) for one part (one group of an anchor of slices).
   using AnchorPartWriter = std::function<void(std::span<const TensorMeta>, std::span<const std::span<const uint8_t>>,
                                               std::span<const uint64_t>)>;
   SyncReport stream_anchor(uint64_t version, const AnchorPartWriter& write);
