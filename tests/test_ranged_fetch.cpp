@@ -211,6 +211,14 @@ TEST(RangedPlan, AReceiverOfHalfATensorReadsTheIndexAndOnlyTheBlocksThatMeetItsH
   EXPECT_EQ(plan.blocks[0].chosen.size(), compact::blocks_overlapping(rec.blocks, n, first_half.at("w").spans).size());
   EXPECT_LT(plan.bytes() - plan.header_bytes, h.data_bytes() * 7 / 10);  // a small file: the header is most of it
   for (const auto& r : plan.block_chunks) EXPECT_EQ(r.offset % 256, 0u);
+  // The same plan for a version whose delta is this object, as a benchmark would count it.
+  protocol::Manifest m;
+  m.version = 2;
+  m.delta = s.ref;
+  const auto version_plan = ranged::plan_delta_reads(m, std::span(&h, 1), first_half, [&](size_t, const std::string& t) { return cindex(t); });
+  ASSERT_EQ(version_plan.size(), 1u);
+  EXPECT_EQ(version_plan[0].bytes(), plan.bytes());
+  EXPECT_EQ(version_plan[0].block_chunks, plan.block_chunks);
   // Nothing needed: the header alone.
   const ranged::ObjectReadPlan none = ranged::plan_object_reads(h, {}, nullptr, cindex, "d");
   EXPECT_EQ(none.bytes(), h.data_offset);

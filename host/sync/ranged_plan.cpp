@@ -130,4 +130,20 @@ ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges&
   return plan;
 }
 
+std::vector<ObjectReadPlan> plan_delta_reads(
+    const protocol::Manifest& manifest, std::span<const SealedHeader> headers, const NeededRanges& needed,
+    const std::function<std::span<const uint8_t>(size_t, const std::string&)>& cindex) {
+  const std::vector<protocol::ObjectRef> objects = protocol::delta_objects(manifest);
+  const std::string label = "version " + std::to_string(manifest.version);
+  if (headers.size() != objects.size())
+    throw BadInputError(label + ": " + std::to_string(headers.size()) + " headers for " + std::to_string(objects.size()) + " delta objects");
+  std::vector<ObjectReadPlan> out;
+  for (size_t k = 0; k < objects.size(); ++k) {
+    const auto* placements = manifest.delta_parts.empty() ? nullptr : &manifest.delta_parts[k].placements;
+    out.push_back(plan_object_reads(headers[k], needed, placements,
+                                    [&](const std::string& tensor) { return cindex(k, tensor); }, objects[k].key));
+  }
+  return out;
+}
+
 }  // namespace deltasync::ranged

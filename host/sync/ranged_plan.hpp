@@ -19,6 +19,7 @@
 
 #include "codec/compact_block_subset.hpp"
 #include "core/placement.hpp"
+#include "sync/protocol.hpp"
 #include "sync/range_hashes.hpp"
 
 namespace deltasync::ranged {
@@ -87,5 +88,12 @@ struct ObjectReadPlan {
 ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges& needed,
                                  const std::map<std::string, Placement>* placements,
                                  const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label);
+
+// A version's reads, object by object of protocol::delta_objects(manifest): `headers[k]` is
+// object k's sealed header, `cindex(k, tensor)` that tensor's NAME.cindex in it; a delta part is
+// planned with its placements. Throws BadInputError for a header count that differs.
+std::vector<ObjectReadPlan> plan_delta_reads(
+    const protocol::Manifest& manifest, std::span<const SealedHeader> headers, const NeededRanges& needed,
+    const std::function<std::span<const uint8_t>(size_t, const std::string&)>& cindex);
 
 }  // namespace deltasync::ranged
