@@ -22,6 +22,7 @@
 #include "sync/range_hashes.hpp"
 #include "sync/ranged_fetch.hpp"
 #include "sync/ranged_plan.hpp"
+#include "sync/shard_publish.hpp"
 #include "sync/subscriber.hpp"
 #include "test_support.hpp"
 
@@ -362,4 +363,51 @@ TEST(RangedSync, TwoRanksEachReadLessThanTheDeltaAndEndBitIdentical) {
     EXPECT_EQ(ranks.receivers[r]->version(), 3u);
   }
   EXPECT_TRUE(ranks.holds(trainer.bits));
+}
+
+// A store written by two trainer ranks (each the flat half of every tensor, as a delta part):
+// each receiver rank reads both parts' headers (their digest partials), but the index and
+// blocks of the part that holds its half only.
+TEST(RangedSync, TwoRanksFollowingAShardedPublisherReadTheirPartsBlocksOnly) {
+  TempDir dir;
+  auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
+  Trainer trainer;
+  PublisherOptions o;
+  o.anchor_every = 0;
+  o.compact_block_elements = 256;
+  const ClaimOutcome claim = claim_for_group(*store, o);
+  std::vector<std::unique_ptr<ShardPublisher>> trainers;
+  auto half = [&](size_t t, uint64_t r) {
+    const uint64_t n = trainer.meta[t].numel();
+    return offset_placement(r * (n / 2), r == 0 ? n / 2 : n - n / 2);
+  };
+  for (uint64_t r = 0; r < 2; ++r) {
+    std::vector<ShardTensor> tensors;
+    for (size_t t = 0; t < trainer.meta.size(); ++t) tensors.push_back(ShardTensor{trainer.meta[t], half(t, r)});
+    trainers.push_back(std::make_unique<ShardPublisher>(store, tensors, r, claim, std::make_unique<engine::CpuSyncEngine>(), o));
+  }
+  TwoRanks ranks(trainer.meta);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) trainer.step(v);
+    std::vector<PartReceipt> receipts;
+    const bool anchor = trainers[0]->anchor_due(v);
+    for (uint64_t r = 0; r < 2; ++r) {
+      std::vector<ConstTensorRef> local;
+      for (size_t t = 0; t < trainer.meta.size(); ++t) {
+        const Placement p = half(t, r);
+        local.push_back({trainer.meta[t].name, trainer.bits[t].data() + p.first * 2, p.numel(), 2});
+      }
+      receipts.push_back(trainers[r]->publish_part(v, local, anchor));
+    }
+    const CommitOutcome outcome = commit_parts(*store, receipts, trainers[0]->state().last_anchor_version, trainers[0]->fence());
+    ASSERT_TRUE(outcome.committed) << outcome.error;
+    for (auto& t : trainers) t->conclude(outcome);
+    auto reports = ranks.sync(*store);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(std::holds_alternative<SyncReport>(reports[r])) << "rank " << r << ": " << std::get<std::string>(reports[r]);
+      const SyncReport& rep = std::get<SyncReport>(reports[r]);
+      if (v > 1) EXPECT_LT(rep.bytes_fetched, rep.delta_bytes * 7 / 10) << "rank " << r << " at version " << v;
+    }
+    EXPECT_TRUE(ranks.holds(trainer.bits)) << "version " << v;
+  }
 }
