@@ -37,8 +37,8 @@ std::string_view delta_format_name(DeltaFormat format) {
 }
 
 std::vector<uint8_t> serialize_delta(DeltaFormat format, std::span<const TensorMeta> tensors, const DeltaView& delta,
-                                     const DeltaInfo& info) {
-  if (format == DeltaFormat::Compact) return compact::serialize_compact_delta(tensors, delta, info);
+                                     const DeltaInfo& info, const compact::Options& compact_options) {
+  if (format == DeltaFormat::Compact) return compact::serialize_compact_delta(tensors, delta, info, compact_options);
   if (is_trl_idx(format)) return serialize_trl_idx_delta(tensors, delta, info, trl_idx_encoding(format));
   return serialize_trl_delta(tensors, delta, info);
 }

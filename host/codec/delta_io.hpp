@@ -21,9 +21,10 @@ enum class DeltaFormat { Trl, Compact, TrlIdx, TrlIdxRaw };
 DeltaFormat parse_delta_format(std::string_view name);
 std::string_view delta_format_name(DeltaFormat format);
 
-// Serializes `delta` (from an encode of `tensors`) in the given layout.
+// Serializes `delta` (from an encode of `tensors`) in the given layout (`compact_options` for
+// the compact one: its block size).
 std::vector<uint8_t> serialize_delta(DeltaFormat format, std::span<const TensorMeta> tensors, const DeltaView& delta,
-                                     const DeltaInfo& info);
+                                     const DeltaInfo& info, const compact::Options& compact_options = {});
 // Same, written atomically to `path`.
 void write_delta(const std::string& path, DeltaFormat format, std::span<const TensorMeta> tensors,
                  const DeltaView& delta, const DeltaInfo& info);

@@ -537,4 +537,27 @@ uint64_t MappedReceiver::apply_resolved(std::span<const PatchRef> patches, const
   return prepared_->elements;
 }
 
+std::optional<ranged::NeededRanges> MappedReceiver::needed_ranges() const {
+  std::vector<std::vector<ranged::ElementSpan>> spans(model_.hf.size());
+  for (const MappedRuns& r : model_.runs)
+    for (size_t k = 0; k < r.hf_start.size(); ++k)
+      spans[r.hf_tensor].push_back({static_cast<uint64_t>(r.hf_start[k]), static_cast<uint64_t>(r.hf_start[k] + r.length[k])});
+  // Owned elements are held ones; listed too so that a digest share can never miss a change.
+  for (const OwnedRanges& o : model_.owned)
+    for (size_t k = 0; k < o.start.size(); ++k)
+      spans[o.hf_tensor].push_back({static_cast<uint64_t>(o.start[k]), static_cast<uint64_t>(o.start[k] + o.length[k])});
+  ranged::NeededRanges needed;
+  bool everything = true;
+  for (size_t t = 0; t < model_.hf.size(); ++t) {
+    std::vector<ranged::ElementSpan> merged = ranged::merge_spans(std::move(spans[t]));
+    const uint64_t n = model_.hf[t].numel();
+    everything = everything && served_[t] && (n == 0 || (merged.size() == 1 && merged[0] == ranged::ElementSpan{0, n}));
+    if (!served_[t]) continue;  // nothing of it is written here
+    if (!merged.empty()) needed.emplace(model_.hf[t].name, ranged::NeededTensor{n, std::move(merged)});
+  }
+  // A rank that holds the whole model (TP=1) reads whole objects, once, SHA-256 checked.
+  if (everything) return std::nullopt;
+  return needed;
+}
+
 }  // namespace deltasync

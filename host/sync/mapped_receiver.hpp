@@ -106,6 +106,9 @@ class MappedReceiver final : public Receiver {
   // This rank's refusal in the agreement the other ranks hold for the same step (an anchor's or
   // a delta's: both agree over T + 1 slots, the last one counting refusals).
   void abandon() override;
+  // Every HF element a run maps (what this rank holds), and those it owns for digests; nullopt
+  // when that is every element of every HF tensor (one rank: whole objects are read).
+  std::optional<ranged::NeededRanges> needed_ranges() const override;
 
   uint64_t map_runs() const;   // runs held (memory of the map: 24 bytes each)
   // True from an anchor's first write until an anchor is written and audited: a failure in

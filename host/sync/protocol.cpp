@@ -178,7 +178,11 @@ void check_fence_holds(Store& store, const std::optional<LatestPointer>& pointer
 
 }  // namespace
 
-json object_json(const ObjectRef& o) { return json{{"key", o.key}, {"size", o.size}, {"sha256", o.sha256}}; }
+json object_json(const ObjectRef& o) {
+  json j{{"key", o.key}, {"size", o.size}, {"sha256", o.sha256}};
+  if (!o.header_sha256.empty()) j["header_sha256"] = o.header_sha256;  // absent: read whole, as before
+  return j;
+}
 
 ObjectRef object_from_json(const json& j, const std::string& label) {
   if (!j.is_object()) bad(label, "manifest object entry is not a JSON object");
@@ -191,6 +195,13 @@ ObjectRef object_from_json(const json& j, const std::string& label) {
   o.size = get_u64(j, "size", label);
   if (o.sha256.size() != 64 || o.sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
     bad(label, "manifest object " + o.key + " has a malformed sha256");
+  if (j.contains("header_sha256")) {
+    const json& h = j["header_sha256"];
+    if (!h.is_string() || h.get<std::string>().size() != 64 ||
+        h.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+      bad(label, "manifest object " + o.key + " has a malformed header_sha256");
+    o.header_sha256 = h.get<std::string>();
+  }
   if (o.key.empty() || o.key.find("..") != std::string::npos || o.key[0] == '/') bad(label, "manifest names an invalid object key");
   return o;
 }
@@ -239,7 +250,7 @@ uint64_t Manifest::anchor_bytes() const {
 
 ObjectRef put_object(Store& store, const std::string& key, std::span<const uint8_t> bytes) {
   store.put(key, bytes);
-  return ObjectRef{key, bytes.size(), sha256_hex(bytes)};
+  return ObjectRef{key, bytes.size(), sha256_hex(bytes), {}};
 }
 
 void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const std::string& label) {

@@ -75,6 +75,11 @@ struct ObjectRef {
   std::string key;
   uint64_t size = 0;
   std::string sha256;  // lowercase hex of the object's bytes
+  // SHA-256 (lowercase hex) of the object's safetensors prefix -- the 8-byte length and the
+  // JSON header -- when the object is sealed for ranged reads (sync/range_hashes.hpp): the
+  // header then vouches for every chunk of the data, so a reader may fetch byte ranges and
+  // verify them. Empty for objects written before (readers fetch those whole).
+  std::string header_sha256 = {};
 };
 
 // One trainer rank's part of a version's delta (shard-local publish, sync/shard_publish.hpp):

@@ -8,6 +8,7 @@
 #include "codec/digest.hpp"
 #include "engine/integrity.hpp"
 #include "sync/protocol.hpp"
+#include "sync/range_hashes.hpp"
 #include "store/sha256.hpp"
 #include "store/http_transport.hpp"
 
@@ -135,6 +136,8 @@ void check_options(const PublisherOptions& options) {
     throw Error("publisher: option parallel_uploads must be positive", ErrorKind::kInvalidArgument);
   if (!(options.anchor_share >= 0))
     throw Error("publisher: option anchor_share must be a non-negative number", ErrorKind::kInvalidArgument);
+  if (options.compact_block_elements == 0 || options.compact_block_elements > (1u << 24))
+    throw Error("publisher: option compact_block_elements must be 1 .. 16777216", ErrorKind::kInvalidArgument);
 }
 
 protocol::Fence claim_store_for(Store& store, const PublisherOptions& options) {
@@ -561,7 +564,7 @@ void Publisher::upload(Job& job) {
     if (staged.coded_on_device) {
       delta_bytes = compact::serialize_compact_delta(tensors_, staged.changes.view(), info, staged.coded);
     } else {
-      delta_bytes = serialize_delta(format_, tensors_, staged.changes.view(), info);
+      delta_bytes = serialize_delta(format_, tensors_, staged.changes.view(), info, {.block_elements = options_.compact_block_elements});
     }
     st.changed_elements = staged.total_changed();
   }
@@ -576,11 +579,11 @@ void Publisher::upload(Job& job) {
   m.fence = fence_;
   const std::string nonce = protocol::new_nonce();
   if (job.has_delta) {
-    m.delta = protocol::put_object(store, protocol::delta_key(job.version, nonce), delta_bytes);
+    m.delta = ranged::put_delta_object(store, protocol::delta_key(job.version, nonce), delta_bytes, format_);
     m.base_version = job.base_version;
     m.delta_format = std::string(delta_format_name(format_));
     m.changed_elements = st.changed_elements;
-    st.delta_bytes = delta_bytes.size();
+    st.delta_bytes = m.delta->size;
   }
   if (job.anchor) m.anchor_parts = upload_anchor(job, nonce, result_digests, st);
   m.latest_anchor = job.anchor ? std::optional<uint64_t>(job.version) : before.last_anchor_version;

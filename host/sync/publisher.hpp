@@ -57,6 +57,9 @@ struct PublisherOptions {
   unsigned parallel_uploads = 4;
   size_t keep_anchors = 3;           // retention after each anchor (0: keep everything)
   std::string delta_format = "compact";  // a delta format name: compact, trl, trl-idx or trl-idx-raw
+  // Changes per compact block: smaller blocks let a tensor-parallel receiver read closer to its
+  // share of a delta (it reads every block that meets its elements), at some bytes per block.
+  uint32_t compact_block_elements = compact::kDefaultBlockElements;
   // Fencing (protocol.hpp): the run this publisher belongs to. Publishers that name no run are one
   // run, "unnamed": a second one is a restart and fences the first off. A store held by another
   // run is refused unless `take_over`.
@@ -78,6 +81,8 @@ inline auto publisher_option_fields() {
       fields::member("parallel_uploads", &O::parallel_uploads, "objects uploaded at once"),
       fields::member("keep_anchors", &O::keep_anchors, "anchors kept by retention (0: keep everything)"),
       fields::member("format", &O::delta_format, "delta layout: compact, trl, trl-idx or trl-idx-raw"),
+      fields::member("compact_block_elements", &O::compact_block_elements,
+                     "changes per compact block (smaller: TP receivers read closer to their share)"),
       fields::member("run_id", &O::run_id, "the run this publisher belongs to (empty: \"unnamed\"); a store held by another run is refused"),
       fields::member("take_over", &O::take_over, "take over a store held by another run (never the default)"));
 }

@@ -17,6 +17,7 @@
 #include "engine/engine.hpp"
 #include "engine/cpu_sync_engine.hpp"
 #include "engine/host_model.hpp"
+#include "sync/ranged_plan.hpp"
 
 namespace deltasync {
 
@@ -76,6 +77,11 @@ class Receiver {
   // write (the mapped receiver over a tensor-parallel group) takes part in that step's agreement
   // as a refusal, so no rank writes and none waits for this one; others have nothing to do.
   virtual void abandon() {}
+
+  // The elements of each published tensor this receiver holds, when it holds only part of the
+  // model (a tensor-parallel rank): the subscriber then reads only the byte ranges of a delta
+  // that meet them (sync/ranged_fetch.hpp). nullopt: it holds everything and reads whole objects.
+  virtual std::optional<ranged::NeededRanges> needed_ranges() const { return std::nullopt; }
 };
 
 // Tensors the caller owns, in the memory `engine` runs on (the engine outlives the receiver).

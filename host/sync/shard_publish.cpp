@@ -10,6 +10,7 @@
 #include "engine/cpu_sync_engine.hpp"
 #include "engine/integrity.hpp"
 #include "sync/protocol_json.hpp"
+#include "sync/range_hashes.hpp"
 #include "sync/shard_parts.hpp"
 #include "sync/shard_resume.hpp"
 
@@ -437,8 +438,8 @@ PartReceipt ShardPublisher::publish_part(uint64_t version, std::span<const Const
     integrity::put_delta_digests(info, dd);
     if (!unchanged.empty()) integrity::put_digest_map(info.extra, shard_keys::kUnchangedDigests, unchanged);
     if (!held_.empty()) {  // a rank holding nothing has no part (the manifest lists the others')
-      const std::vector<uint8_t> bytes = serialize_delta(format_, full_, part.view(), info);
-      receipt.delta = protocol::put_object(*store_, protocol::delta_key(version, nonce), bytes);
+      const std::vector<uint8_t> bytes = serialize_delta(format_, full_, part.view(), info, {.block_elements = options_.compact_block_elements});
+      receipt.delta = ranged::put_delta_object(*store_, protocol::delta_key(version, nonce), bytes, format_);
     }
   }
   if (anchor && !held_.empty()) {

@@ -217,7 +217,8 @@ void Subscriber::execute(const protocol::CatchUpPlan& plan, Receiver& weights, S
     }
   };
   auto t0 = Clock::now();
-  auto fetched = before_weights([&] { return fetch_all(objects, report); });
+  auto fetched = before_weights(
+      [&] { return fetch_planned(objects, anchor ? anchor->anchor_parts.size() : 0, chain, weights, report); });
   report.fetch_seconds += seconds_since(t0);
   auto t1 = Clock::now();
   size_t next = 0;

@@ -31,7 +31,8 @@ struct SyncReport {
   std::string recovery_reason;   // version) and the model was rebuilt from an anchor
   std::optional<uint64_t> anchor;  // the anchor loaded (if any)
   std::vector<uint64_t> deltas;    // the deltas applied, in order
-  uint64_t bytes_fetched = 0;
+  uint64_t bytes_fetched = 0;      // what this receiver (rank) read from the store
+  uint64_t delta_bytes = 0;        // the applied deltas' objects, whole (a rank may read less)
   uint64_t changed_elements = 0;   // changes the applied deltas carry
   uint64_t applied_elements = 0;   // elements written into the weights here
   double fetch_seconds = 0, apply_seconds = 0, total_seconds = 0;
@@ -52,7 +53,9 @@ inline auto sync_report_fields() {
       fields::member("deltas", &R::deltas, "the deltas applied, in order"),
       fields::member("changed_elements", &R::changed_elements),
       fields::member("applied_elements", &R::applied_elements, "elements written here (a TP rank writes its share)"),
-      fields::member("bytes_fetched", &R::bytes_fetched), fields::member("fetch_seconds", &R::fetch_seconds),
+      fields::member("bytes_fetched", &R::bytes_fetched, "what this rank read from the store"),
+      fields::member("delta_bytes", &R::delta_bytes, "the applied deltas' objects, whole (a TP rank reads only its ranges)"),
+      fields::member("fetch_seconds", &R::fetch_seconds),
       fields::member("apply_seconds", &R::apply_seconds, "parse + verify + write"),
       fields::member("pause_seconds", &R::pause_seconds, "the weights being written and verified"),
       fields::member("total_seconds", &R::total_seconds),
@@ -64,9 +67,9 @@ inline auto sync_report_fields() {
       fields::computed<R>("host_syncs", [](const R& r) { return r.transfer.host_syncs; }),
       fields::member("store_requests", &R::store_requests, "requests to the store since the previous report, polls included"));
 }
-// 16 members (recovered + recovery_reason listed as one, `transfer` as its three counters): a
+// 17 members (recovered + recovery_reason listed as one, `transfer` as its three counters): a
 // member added to SyncReport changes the count and needs an entry above.
-static_assert(fields::member_count<SyncReport>() == 16, "a SyncReport member needs an entry in sync_report_fields()");
+static_assert(fields::member_count<SyncReport>() == 17, "a SyncReport member needs an entry in sync_report_fields()");
 
 class Subscriber {
  public:
@@ -125,6 +128,12 @@ class Subscriber {
   // The tensors of an anchor, from ranged reads of its parts' headers (published_tensors).
   std::vector<TensorMeta> anchor_table(const protocol::Manifest& anchor);
   std::vector<std::vector<uint8_t>> fetch_all(const std::vector<protocol::ObjectRef>& objects, SyncReport& report);
+  // fetch_all for a plan's objects (`anchor_parts` anchor parts first, then the deltas of
+  // `chain` in order), reading only the needed ranges of each sealed compact delta when the
+  // receiver holds part of the model (subscriber_ranged.cpp); counts delta_bytes.
+  std::vector<std::vector<uint8_t>> fetch_planned(const std::vector<protocol::ObjectRef>& objects, size_t anchor_parts,
+                                                  const std::vector<const protocol::Manifest*>& chain, const Receiver& weights,
+                                                  SyncReport& report);
   void note(const std::string& line) const;
   uint64_t take_requests();  // the store's requests since the last call (or construction)
 

@@ -28,6 +28,8 @@ def rewrite_delta(store_dir: Path, version: int, edit) -> None:
     new = struct.pack("<Q", len(text)) + text + raw[8 + header_len:]
     delta_path.write_bytes(new)
     manifest["delta"]["sha256"] = hashlib.sha256(new).hexdigest()
+    if "header_sha256" in manifest["delta"]:  # sealed for ranged reads: the header's hash agrees too
+        manifest["delta"]["header_sha256"] = hashlib.sha256(new[:8 + len(text)]).hexdigest()
     manifest["delta"]["size"] = len(new)
     manifest_path.write_text(json.dumps(manifest))
 

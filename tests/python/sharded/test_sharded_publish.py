@@ -28,14 +28,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(world, *args, env=None):
-    """Starts sharded_rank.py on `world` ranks (extra environment `env`); returns the processes."""
+def start(world, *args, env=None, script=HERE / "sharded_rank.py"):
+    """Starts `script` (sharded_rank.py) on `world` ranks with torch.distributed's env:// variables
+    (extra environment `env`); returns the processes."""
     port = free_port()
     procs = []
     for rank in range(world):
         rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                         MASTER_PORT=str(port), OMP_NUM_THREADS="1", DELTASYNC_THREADS="1", **(env or {}))
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "sharded_rank.py"), *map(str, args)], env=rank_env,
+        procs.append(subprocess.Popen([sys.executable, str(script), *map(str, args)], env=rank_env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
 
@@ -44,9 +45,9 @@ def finish(procs, timeout=300):
     return [(p.wait(timeout=timeout), p.communicate()[0]) for p in procs]
 
 
-def launch(world, *args, timeout=300, env=None):
-    """Runs sharded_rank.py on `world` ranks; returns [(returncode, output)] in rank order."""
-    return finish(start(world, *args, env=env), timeout)
+def launch(world, *args, timeout=300, env=None, script=HERE / "sharded_rank.py"):
+    """Runs `script` on `world` ranks; returns [(returncode, output)] in rank order."""
+    return finish(start(world, *args, env=env, script=script), timeout)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

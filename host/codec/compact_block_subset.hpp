@@ -1,0 +1,53 @@
+// A compact tensor reduced to some of its blocks: what a receiver that holds only part of a tensor
+// (a tensor-parallel rank) fetches and decodes. Blocks are independent (docs/compact-format.md),
+// so any subset of them, with payload offsets rebased and the header's counts fixed, is itself a
+// valid compact tensor that the ordinary decoder reads: it yields exactly the chosen blocks'
+// changes.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "codec/compact_block_index.hpp"
+
+namespace deltasync::compact {
+
+// Flat element positions [begin, end) of one tensor.
+struct ElementSpan {
+  uint64_t begin = 0, end = 0;
+  bool operator==(const ElementSpan&) const = default;
+};
+
+// The records of a block index read without its payload (the reader has not fetched it yet),
+// checked for what selecting and fetching blocks relies on: the index's size, its header's
+// payload size equal to `payload_bytes` (the NAME.cdata entry's size), blocks that tile the payload
+// in order and ascending first positions inside the tensor. The full validation
+// (parse_block_index) runs again on the reduced tensor before any block is decoded. Throws
+// BadInputError("WHERE: reason").
+struct BlockRecords {
+  uint32_t block_elements = 0;
+  std::vector<BlockRecord> blocks;
+};
+BlockRecords read_block_records(std::span<const uint8_t> block_index, uint64_t payload_bytes, uint64_t numel,
+                                            const std::string& where);
+
+// The blocks whose position span overlaps `needed` (sorted, disjoint spans). Block b's changes
+// lie in [first_position[b], first_position[b + 1]) (the last block's up to `numel`), so a block
+// is needed when that span meets a needed span. Ascending block numbers.
+std::vector<uint32_t> blocks_overlapping(std::span<const BlockRecord> blocks, uint64_t numel,
+                                         std::span<const ElementSpan> needed);
+
+struct BlockSubset {
+  std::vector<uint8_t> block_index;  // NAME.cindex of the reduced tensor
+  std::vector<uint8_t> payload;      // NAME.cdata: the chosen blocks' payloads, back to back
+  uint64_t changed = 0;
+};
+
+// Builds the reduced tensor from the chosen blocks (`chosen` ascending, non-empty) of `records` and their payloads (`payloads[k]` is block chosen[k]'s, exactly its
+// payload_bytes()). The result is validated with parse_block_index. Throws BadInputError naming
+// `where` for a payload of the wrong size or a choice out of order.
+BlockSubset build_block_subset(const BlockRecords& records, std::span<const uint32_t> chosen,
+                               std::span<const std::span<const uint8_t>> payloads, uint64_t numel, const std::string& where);
+
+}  // namespace deltasync::compact

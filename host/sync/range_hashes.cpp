@@ -1,0 +1,160 @@
+#include "sync/range_hashes.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "core/parse_number.hpp"
+#include "store/sha256.hpp"
+
+namespace deltasync::ranged {
+namespace {
+
+uint64_t read_le64(const uint8_t* p) {
+  uint64_t n = 0;
+  for (int b = 7; b >= 0; --b) n = (n << 8) | p[b];
+  return n;
+}
+
+ChunkHash chunk_hash(std::span<const uint8_t> chunk) {
+  const auto full = sha256(chunk);
+  ChunkHash out;
+  std::copy(full.begin(), full.begin() + out.size(), out.begin());
+  return out;
+}
+
+ChunkHash hex_digest(std::string_view hex) {
+  auto nibble = [](char c) -> int { return c >= '0' && c <= '9' ? c - '0' : (c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1); };
+  ChunkHash out{};
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) throw BadInputError("not lowercase hex");
+    out[i] = static_cast<uint8_t>(hi * 16 + lo);
+  }
+  return out;
+}
+
+}  // namespace
+
+const st::TensorInfo* SealedHeader::find(std::string_view name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+uint64_t header_prefix_bytes(std::span<const uint8_t> first8, uint64_t object_size, const std::string& label) {
+  if (first8.size() < 8 || object_size < 8) throw BadInputError(label + ": shorter than a safetensors header length");
+  const uint64_t n = read_le64(first8.data());
+  if (n == 0 || n > object_size - 8 || n > st::kMaxHeaderBytes) throw BadInputError(label + ": bad safetensors header length");
+  return 8 + n;
+}
+
+uint64_t chunk_bytes_for(uint64_t data_bytes) {
+  uint64_t chunk = kMinChunkBytes;
+  while (chunk * kTargetChunks < data_bytes) chunk *= 2;
+  return chunk;
+}
+
+std::vector<uint8_t> seal(std::span<const uint8_t> file, const std::string& label, uint64_t chunk_bytes) {
+  const uint64_t prefix = header_prefix_bytes(file, file.size(), label);
+  if (chunk_bytes == 0) chunk_bytes = chunk_bytes_for(file.size() - prefix);
+  // ordered_json: the tensors keep the writer's order (readers list them in header order).
+  auto header = nlohmann::ordered_json::parse(file.begin() + 8, file.begin() + static_cast<std::ptrdiff_t>(prefix), nullptr, false);
+  if (!header.is_object()) throw BadInputError(label + ": safetensors header is not a JSON object");
+  const std::span<const uint8_t> data = file.subspan(prefix);
+  std::string hashes;
+  hashes.reserve((data.size() / chunk_bytes + 1) * kChunkHashBytes * 2);
+  for (uint64_t at = 0; at < data.size(); at += chunk_bytes)
+    hashes += to_hex(chunk_hash(data.subspan(at, std::min<uint64_t>(chunk_bytes, data.size() - at))));
+  auto& metadata = header["__metadata__"];
+  if (!metadata.is_object() && !metadata.is_null()) throw BadInputError(label + ": __metadata__ is not a JSON object");
+  metadata[kChunkBytesKey] = std::to_string(chunk_bytes);
+  metadata[kChunkSha256Key] = std::move(hashes);
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // padded as every writer here pads
+  std::vector<uint8_t> out(8 + text.size() + data.size());
+  for (int b = 0; b < 8; ++b) out[b] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * b));
+  std::copy(text.begin(), text.end(), out.begin() + 8);
+  std::copy(data.begin(), data.end(), out.begin() + 8 + static_cast<std::ptrdiff_t>(text.size()));
+  return out;
+}
+
+protocol::ObjectRef put_sealed_object(Store& store, const std::string& key, std::span<const uint8_t> bytes) {
+  const std::vector<uint8_t> sealed = seal(bytes, store.describe(key));
+  protocol::ObjectRef ref = protocol::put_object(store, key, sealed);
+  ref.header_sha256 = sha256_hex(std::span<const uint8_t>(sealed).first(header_prefix_bytes(sealed, sealed.size(), key)));
+  return ref;
+}
+
+protocol::ObjectRef put_delta_object(Store& store, const std::string& key, std::span<const uint8_t> bytes, DeltaFormat format) {
+  return format == DeltaFormat::Compact ? put_sealed_object(store, key, bytes) : protocol::put_object(store, key, bytes);
+}
+
+SealedHeader read_sealed_header(std::span<const uint8_t> prefix, const protocol::ObjectRef& ref, const std::string& label) {
+  if (prefix.size() != header_prefix_bytes(prefix, ref.size, label)) throw BadInputError(label + ": header fetched incompletely");
+  // Nothing of the header is read before it matches what the manifest recorded.
+  if (sha256_hex(prefix) != ref.header_sha256) throw BadInputError(label + ": header sha256 differs from the manifest's (corrupt object)");
+  const auto j = nlohmann::json::parse(prefix.begin() + 8, prefix.end(), nullptr, false);
+  if (!j.is_object()) throw BadInputError(label + ": header is not a JSON object");
+  SealedHeader h;
+  h.object_size = ref.size;
+  h.data_offset = prefix.size();
+  for (const auto& [name, v] : j.items()) {
+    if (name == "__metadata__") {
+      if (!v.is_object()) throw BadInputError(label + ": __metadata__ is not a JSON object");
+      for (const auto& [k, value] : v.items()) {
+        if (!value.is_string()) throw BadInputError(label + ": metadata " + k + " is not a string");
+        h.metadata[k] = value.get<std::string>();
+      }
+      continue;
+    }
+    const bool ok = v.is_object() && v.contains("dtype") && v["dtype"].is_string() && v.contains("shape") && v["shape"].is_array() &&
+                    v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2 &&
+                    v["data_offsets"][0].is_number_unsigned() && v["data_offsets"][1].is_number_unsigned();
+    if (!ok) throw BadInputError(label + ": tensor " + name + " has a malformed header entry");
+    const auto dtype = dtype_from_name(v["dtype"].get<std::string>());
+    if (!dtype) throw BadInputError(label + ": tensor " + name + " has an unknown dtype");
+    st::TensorInfo t{name, *dtype, {}, v["data_offsets"][0].get<uint64_t>(), v["data_offsets"][1].get<uint64_t>()};
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned()) throw BadInputError(label + ": tensor " + name + " has a malformed shape");
+      t.shape.push_back(d.get<uint64_t>());
+    }
+    if (t.begin > t.end || t.end > h.data_bytes()) throw BadInputError(label + ": tensor " + name + " lies outside the data section");
+    h.tensors.push_back(std::move(t));
+  }
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  const auto size_it = h.metadata.find(kChunkBytesKey);
+  const auto hashes_it = h.metadata.find(kChunkSha256Key);
+  if (size_it == h.metadata.end() || hashes_it == h.metadata.end())
+    throw BadInputError(label + ": header has no " + kChunkSha256Key + " (not sealed for ranged reads)");
+  h.chunk_bytes = parse_decimal(size_it->second, uint64_t{1} << 30, label + ": metadata " + kChunkBytesKey);
+  if (h.chunk_bytes == 0) throw BadInputError(label + ": metadata " + kChunkBytesKey + " is 0");
+  const uint64_t chunks = (h.data_bytes() + h.chunk_bytes - 1) / h.chunk_bytes;
+  const std::string& hex = hashes_it->second;
+  if (hex.size() != chunks * kChunkHashBytes * 2)
+    throw BadInputError(label + ": " + kChunkSha256Key + " holds " + std::to_string(hex.size() / (kChunkHashBytes * 2)) + " hashes for " +
+                        std::to_string(chunks) + " chunks");
+  h.chunk_sha256.reserve(chunks);
+  try {
+    for (uint64_t c = 0; c < chunks; ++c)
+      h.chunk_sha256.push_back(hex_digest(std::string_view(hex).substr(c * kChunkHashBytes * 2, kChunkHashBytes * 2)));
+  } catch (const BadInputError&) {
+    throw BadInputError(label + ": " + kChunkSha256Key + " is not lowercase hex");
+  }
+  h.metadata.erase(kChunkBytesKey);
+  h.metadata.erase(kChunkSha256Key);
+  return h;
+}
+
+void verify_chunks(const SealedHeader& header, uint64_t data_begin, std::span<const uint8_t> bytes, const std::string& label) {
+  const uint64_t end = data_begin + bytes.size();
+  if (data_begin % header.chunk_bytes != 0 || end > header.data_bytes() || (end % header.chunk_bytes != 0 && end != header.data_bytes()))
+    throw BadInputError(label + ": data range [" + std::to_string(data_begin) + ", " + std::to_string(end) + ") is not whole chunks");
+  for (uint64_t at = data_begin; at < end; at += header.chunk_bytes) {
+    const uint64_t c = at / header.chunk_bytes;
+    const ChunkHash got = chunk_hash(bytes.subspan(at - data_begin, std::min(header.chunk_bytes, end - at)));
+    if (got != header.chunk_sha256[c])
+      throw BadInputError(label + ": data chunk " + std::to_string(c) + " sha256 differs from its header's (corrupt object)");
+  }
+}
+
+}  // namespace deltasync::ranged

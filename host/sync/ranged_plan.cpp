@@ -1,0 +1,149 @@
+#include "sync/ranged_plan.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace deltasync::ranged {
+
+std::vector<ElementSpan> merge_spans(std::vector<ElementSpan> spans) {
+  std::erase_if(spans, [](const ElementSpan& s) { return s.end <= s.begin; });
+  std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  std::vector<ElementSpan> out;
+  for (const auto& s : spans) {
+    if (!out.empty() && s.begin <= out.back().end)
+      out.back().end = std::max(out.back().end, s.end);
+    else
+      out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, uint64_t chunk_bytes, uint64_t data_bytes) {
+  if (chunk_bytes == 0) throw BadInputError("chunk size 0");
+  std::vector<ByteRange> rounded;
+  for (const auto& r : ranges) {
+    if (r.length == 0) continue;
+    if (r.offset > data_bytes || r.length > data_bytes - r.offset)
+      throw BadInputError("byte range [" + std::to_string(r.offset) + ", +" + std::to_string(r.length) + ") runs past the " +
+                          std::to_string(data_bytes) + "-byte data section");
+    const uint64_t begin = r.offset / chunk_bytes * chunk_bytes;
+    const uint64_t end = std::min(data_bytes, (r.end() + chunk_bytes - 1) / chunk_bytes * chunk_bytes);
+    rounded.push_back({begin, end - begin});
+  }
+  std::sort(rounded.begin(), rounded.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  std::vector<ByteRange> out;
+  for (const auto& r : rounded) {
+    if (!out.empty() && r.offset <= out.back().end())
+      out.back().length = std::max(out.back().end(), r.end()) - out.back().offset;
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+bool placement_overlaps(const Placement& p, std::span<const ElementSpan> spans) {
+  if (p.empty()) return false;
+  for (const auto& s : spans) {
+    if (s.end <= p.first || s.begin >= p.end()) continue;
+    // The first run that ends after the span begins; the span meets the shard iff that run
+    // starts before the span ends.
+    uint64_t r = 0;
+    if (p.run_count > 1 && s.begin >= p.first + p.run_length) r = (s.begin - p.first - p.run_length) / p.run_stride + 1;
+    if (r < p.run_count && p.first + r * p.run_stride < s.end) return true;
+  }
+  return false;
+}
+
+IndexReads plan_index_reads(const SealedHeader& header, const NeededRanges& needed,
+                            const std::map<std::string, Placement>* placements, const std::string& label) {
+  static constexpr std::string_view kIndex = ".cindex", kData = ".cdata";
+  IndexReads out;
+  for (const auto& t : header.tensors) {
+    std::string_view name = t.name;
+    if (name.ends_with(kData)) {
+      if (!header.find(std::string(name.substr(0, name.size() - kData.size())) + std::string(kIndex)))
+        throw BadInputError(label + ": tensor " + t.name + " has no block index");
+      continue;
+    }
+    if (!name.ends_with(kIndex)) throw BadInputError(label + ": tensor " + t.name + " is not part of a compact delta");
+    const std::string base(name.substr(0, name.size() - kIndex.size()));
+    if (!header.find(base + std::string(kData))) throw BadInputError(label + ": tensor " + t.name + " has no payload");
+    const auto want = needed.find(base);
+    if (want == needed.end() || want->second.spans.empty()) continue;
+    if (placements) {
+      const auto at = placements->find(base);
+      if (at == placements->end() || !placement_overlaps(at->second, want->second.spans)) continue;
+    }
+    out.tensors.push_back(base);
+    out.ranges.push_back({t.begin, t.nbytes()});
+  }
+  return out;
+}
+
+BlockReads plan_block_reads(const SealedHeader& header, const std::string& tensor, std::span<const uint8_t> cindex,
+                            const NeededTensor& needed, const std::string& label) {
+  const st::TensorInfo* data = header.find(tensor + ".cdata");
+  if (!data) throw BadInputError(label + ": tensor " + tensor + ".cdata is missing");
+  BlockReads out;
+  out.tensor = tensor;
+  out.records = compact::read_block_records(cindex, data->nbytes(), needed.numel, label + ": tensor " + tensor);
+  out.chosen = compact::blocks_overlapping(out.records.blocks, needed.numel, needed.spans);
+  for (uint32_t b : out.chosen) {
+    const auto& r = out.records.blocks[b];
+    out.ranges.push_back({data->begin + r.payload_offset, r.payload_bytes()});
+  }
+  return out;
+}
+
+uint64_t ObjectReadPlan::bytes() const {
+  uint64_t total = header_bytes;
+  for (const auto& r : index_chunks) total += r.length;
+  for (const auto& r : block_chunks) total += r.length;
+  return total;
+}
+
+ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges& needed,
+                                 const std::map<std::string, Placement>* placements,
+                                 const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label) {
+  ObjectReadPlan plan;
+  plan.header_bytes = header.data_offset;
+  const IndexReads index = plan_index_reads(header, needed, placements, label);
+  plan.index_chunks = whole_chunks(index.ranges, header.chunk_bytes, header.data_bytes());
+  std::vector<ByteRange> blocks;
+  for (const std::string& t : index.tensors) {
+    BlockReads reads = plan_block_reads(header, t, cindex(t), needed.find(t)->second, label);
+    if (reads.chosen.empty()) continue;
+    blocks.insert(blocks.end(), reads.ranges.begin(), reads.ranges.end());
+    plan.blocks.push_back(std::move(reads));
+  }
+  // Chunks the index reads already brought (a small tensor's index and blocks share one) are not read twice.
+  for (const ByteRange& r : whole_chunks(std::move(blocks), header.chunk_bytes, header.data_bytes())) {
+    uint64_t at = r.offset;
+    for (const ByteRange& have : plan.index_chunks) {
+      if (have.end() <= at || have.offset >= r.end()) continue;
+      if (have.offset > at) plan.block_chunks.push_back({at, have.offset - at});
+      at = std::max(at, have.end());
+    }
+    if (at < r.end()) plan.block_chunks.push_back({at, r.end() - at});
+  }
+  return plan;
+}
+
+std::vector<ObjectReadPlan> plan_delta_reads(
+    const protocol::Manifest& manifest, std::span<const SealedHeader> headers, const NeededRanges& needed,
+    const std::function<std::span<const uint8_t>(size_t, const std::string&)>& cindex) {
+  const std::vector<protocol::ObjectRef> objects = protocol::delta_objects(manifest);
+  const std::string label = "version " + std::to_string(manifest.version);
+  if (headers.size() != objects.size())
+    throw BadInputError(label + ": " + std::to_string(headers.size()) + " headers for " + std::to_string(objects.size()) + " delta objects");
+  std::vector<ObjectReadPlan> out;
+  for (size_t k = 0; k < objects.size(); ++k) {
+    const auto* placements = manifest.delta_parts.empty() ? nullptr : &manifest.delta_parts[k].placements;
+    out.push_back(plan_object_reads(headers[k], needed, placements,
+                                    [&](const std::string& tensor) { return cindex(k, tensor); }, objects[k].key));
+  }
+  return out;
+}
+
+}  // namespace deltasync::ranged

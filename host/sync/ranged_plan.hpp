@@ -1,0 +1,99 @@
+// Which byte ranges of a delta a receiver that holds only part of the model (a tensor- or
+// expert-parallel rank) must read, planned from what it needs and what the object's header and
+// block indexes say -- pure functions, no store: the subscriber's ranged fetch
+// (sync/ranged_fetch.hpp) runs them between its reads, and a benchmark can count a rank's bytes
+// from headers and indexes alone.
+//
+// A compact delta (docs/compact-format.md) is read in two steps after its header: the NAME.cindex
+// of every tensor the receiver needs (and, for a delta part, the part holds), then only the blocks
+// whose position span meets the needed elements. Every range is rounded out to whole chunks of the
+// object's chunk hashes (sync/range_hashes.hpp), so each byte can be verified, and ranges that
+// touch are merged into one request.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "codec/compact_block_subset.hpp"
+#include "core/placement.hpp"
+#include "sync/protocol.hpp"
+#include "sync/range_hashes.hpp"
+
+namespace deltasync::ranged {
+
+using compact::ElementSpan;
+
+// The flat elements of one published tensor a receiver holds: sorted, disjoint, non-empty spans.
+struct NeededTensor {
+  uint64_t numel = 0;
+  std::vector<ElementSpan> spans;
+};
+// Per published tensor; a tensor absent is not needed at all (a tied lm_head nobody serves).
+using NeededRanges = std::map<std::string, NeededTensor, std::less<>>;
+
+// Sorts and merges spans (overlapping or touching), dropping empty ones.
+std::vector<ElementSpan> merge_spans(std::vector<ElementSpan> spans);
+
+// Bytes [offset, offset + length) of an object's data section.
+struct ByteRange {
+  uint64_t offset = 0, length = 0;
+  uint64_t end() const { return offset + length; }
+  bool operator==(const ByteRange&) const = default;
+};
+
+// `ranges` rounded out to whole chunks of `chunk_bytes` (the last chunk ends at `data_bytes`),
+// sorted, and merged where they overlap or touch. Throws BadInputError for a range past the data.
+std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, uint64_t chunk_bytes, uint64_t data_bytes);
+
+// True when some position of `placement` lies in one of `spans` (sorted, disjoint).
+bool placement_overlaps(const Placement& placement, std::span<const ElementSpan> spans);
+
+// Step 1: the compact tensors of a sealed header to read -- those needed and, when `placements`
+// is given (a delta part), placed in this part where they meet the needed spans -- in file order,
+// with the data ranges of their NAME.cindex entries. Throws BadInputError naming `label` for a
+// header that is not a compact delta (an unpaired .cindex/.cdata).
+struct IndexReads {
+  std::vector<std::string> tensors;
+  std::vector<ByteRange> ranges;  // ranges[k]: tensors[k]'s NAME.cindex
+};
+IndexReads plan_index_reads(const SealedHeader& header, const NeededRanges& needed,
+                            const std::map<std::string, Placement>* placements, const std::string& label);
+
+// Step 2: of one tensor, the blocks whose span meets the needed elements, and their payloads'
+// data ranges (ranges[k]: block chosen[k]'s).
+struct BlockReads {
+  std::string tensor;
+  compact::BlockRecords records;
+  std::vector<uint32_t> chosen;
+  std::vector<ByteRange> ranges;
+};
+// `cindex`: the tensor's NAME.cindex bytes (verified). Throws BadInputError for a bad index.
+BlockReads plan_block_reads(const SealedHeader& header, const std::string& tensor, std::span<const uint8_t> cindex,
+                            const NeededTensor& needed, const std::string& label);
+
+// What one receiver reads of one sealed compact delta object, in bytes and requests, given its
+// header and the block indexes of the tensors plan_index_reads names (`cindex(name)` returns
+// them): the header prefix, then the index chunks, then the block chunks.
+struct ObjectReadPlan {
+  uint64_t header_bytes = 0;
+  std::vector<ByteRange> index_chunks;  // whole chunks, merged
+  std::vector<BlockReads> blocks;       // tensors with at least one block chosen
+  std::vector<ByteRange> block_chunks;  // whole chunks, merged
+  uint64_t bytes() const;
+  uint64_t requests() const { return 1 + index_chunks.size() + block_chunks.size(); }  // the header in one read
+};
+ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges& needed,
+                                 const std::map<std::string, Placement>* placements,
+                                 const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label);
+
+// A version's reads, object by object of protocol::delta_objects(manifest): `headers[k]` is
+// object k's sealed header, `cindex(k, tensor)` that tensor's NAME.cindex in it; a delta part is
+// planned with its placements. Throws BadInputError for a header count that differs.
+std::vector<ObjectReadPlan> plan_delta_reads(
+    const protocol::Manifest& manifest, std::span<const SealedHeader> headers, const NeededRanges& needed,
+    const std::function<std::span<const uint8_t>(size_t, const std::string&)>& cindex);
+
+}  // namespace deltasync::ranged
