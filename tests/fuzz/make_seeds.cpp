@@ -66,6 +66,31 @@ void model_files() {
       put("compact_block", (version == compact::kFormatVersion1 ? "block-" : "block-v2-") + std::to_string(t), framed);
     }
   }
+  {  // every element of tensor 0 changed, version 2: full 32-change groups (the SIMD decode path)
+    const HostModel base = fuzz::base_model();
+    const uint64_t n = meta[0].numel();
+    const uint32_t w = meta[0].width();
+    SparseDelta dense;
+    dense.offsets = {0, n, n, n, n};
+    dense.value_offsets = {0, n * w, n * w, n * w, n * w};
+    for (uint64_t i = 0; i < n; ++i) {
+      dense.indices.push_back(static_cast<int64_t>(i));
+      for (uint32_t b = 0; b < w; ++b) {
+        const uint8_t old = base.data[0][i * w + b];
+        dense.base_values.push_back(old);
+        dense.values.push_back(b == 0 ? static_cast<uint8_t>(old ^ (1 + i % 3)) : old);
+      }
+    }
+    compact::Options options;
+    options.version = compact::kFormatVersion2;
+    const auto encoded = compact::encode(meta, dense.view(), options).at(0);
+    std::vector<uint8_t> framed{0x80};
+    const uint32_t len = static_cast<uint32_t>(encoded.block_index.size());
+    for (int b = 0; b < 4; ++b) framed.push_back(static_cast<uint8_t>(len >> (8 * b)));
+    framed.insert(framed.end(), encoded.block_index.begin(), encoded.block_index.end());
+    framed.insert(framed.end(), encoded.payload.begin(), encoded.payload.end());
+    put("compact_block", "block-v2-dense-0", framed);
+  }
 
   // The index of the checkpoint folder fuzz_checkpoint_index holds (two shards).
   WeightMap map;
