@@ -1,6 +1,6 @@
 // The 32-lane word-wise rANS stream of compact_version 2 (codec/compact_word_lanes.hpp): the
-// encoder's stream decodes back to its tokens, and the AVX-512 group decoder agrees with the
-// scalar reference lane for lane (both run here when the CPU has AVX-512; the scalar path
+// encoder's stream decodes back to its tokens, and the AVX-512 group encoder and decoder agree
+// with the scalar reference byte for byte and lane for lane (both run here when the CPU has AVX-512; the scalar path
 // alone otherwise).
 #include <gtest/gtest.h>
 
@@ -36,6 +36,7 @@ struct Table {
       for (uint32_t j = 0; j < freq[s]; ++j) slots.entry[acc + j] = compact::word_slot_entry(freq[s], j, s);
       acc += freq[s];
     }
+    enc.resize(256);  // the encoder's tables have an entry for every token
   }
   // A token drawn from the table's own distribution (the compressible case) or uniformly.
   uint8_t draw(std::mt19937_64& rng) const {
@@ -91,8 +92,15 @@ TEST(CompactWordLanes, StreamDecodesToItsTokensWithAndWithoutSimd) {
       std::vector<uint8_t> buffer(size_t{count} * 4 + detail::kWordStateBytes + 16);
       uint8_t* const end = buffer.data() + buffer.size();
       const uint8_t* const begin = detail::encode_word_lanes(gap_tokens.data(), value_tokens.data(), count,
-                                                              gap.enc.data(), value.enc.data(), end);
+                                                              gap.enc.data(), value.enc.data(), end, false);
       const std::vector<uint8_t> stream(begin, static_cast<const uint8_t*>(end));
+      if (detail::word_simd_available()) {  // the AVX-512 encoder writes the same bytes
+        std::vector<uint8_t> simd_buffer(buffer.size());
+        uint8_t* const simd_end = simd_buffer.data() + simd_buffer.size();
+        const uint8_t* const simd_begin = detail::encode_word_lanes(gap_tokens.data(), value_tokens.data(), count,
+                                                                   gap.enc.data(), value.enc.data(), simd_end, true);
+        ASSERT_EQ(std::vector<uint8_t>(simd_begin, static_cast<const uint8_t*>(simd_end)), stream);
+      }
       ASSERT_EQ((stream.size() - detail::kWordStateBytes) % 2, 0u);
       for (bool simd : {false, true}) {
         if (simd && !detail::word_simd_available()) continue;

@@ -404,7 +404,7 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
   write_model(gap_model, out);
   write_model(value_model, out);
   record.table_bytes = static_cast<uint32_t>(out.size() - before_tables);
-  std::array<EncSymbol, kGapTokens> gap_enc, value_enc;
+  std::array<EncSymbol, kGapTokens> gap_enc{}, value_enc{};  // all 256 entries initialized (packed by the SIMD encoder)
   const auto symbol_of = version == kFormatVersion2 ? enc_word_symbol : enc_symbol;
   for (uint32_t s = 0; s < gap_model.num_symbols; ++s) gap_enc[s] = symbol_of(gap_model.start[s], gap_model.freq[s]);
   for (uint32_t s = 0; s < value_model.num_symbols; ++s)

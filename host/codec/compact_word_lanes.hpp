@@ -39,14 +39,42 @@ inline void put_word(uint32_t& x, uint8_t*& ptr, const EncSymbol& e) {
 // Codes change i's gap token (i >= 1) and value token in lane i mod 32, in reverse decode order,
 // writing backwards from `end`; returns the stream's first byte (the 32 final states, lane 0
 // first, then the words). `end` needs 4 * count + kWordStateBytes + 2 bytes in front of it.
+// gap_enc and value_enc have 256 entries each (unused tokens' entries initialized too).
+// An encoder symbol packed into 64 bits for the SIMD encoder (one gather per lane instead of
+// five): rcp_freq | (freq | bias << 13 | (rcp_shift - 32) << 26) << 32. freq <= 4096 and
+// bias <= start + 4095 < 8192 fit 13 bits, rcp_shift - 32 <= 11 fits 4.
+inline uint64_t pack_word_symbol(const EncSymbol& e) {
+  const uint32_t freq = kScale - e.cmpl_freq;
+  return uint64_t{e.rcp_freq} | uint64_t{freq | e.bias << 13 | (e.rcp_shift - 32) << 26} << 32;
+}
+
+// A full group of 32 changes (not the block's first), encoded as put_word over its value round
+// then its gap round, lanes descending, with AVX-512 (a gather of the packed symbols, a
+// compress-store of the emitted words, the reciprocal multiply as two 32x32->64 halves). Only
+// where word_simd_available(); `x` 64-byte aligned. Same bytes as the scalar loop.
+void encode_word_group_simd(uint32_t* x, uint8_t*& ptr, const uint8_t* gap_tokens, const uint8_t* value_tokens,
+                            const uint64_t* gap_packed, const uint64_t* value_packed);
+bool word_simd_available();
+
 inline uint8_t* encode_word_lanes(const uint8_t* gap_tokens, const uint8_t* value_tokens, uint32_t count,
-                                  const EncSymbol* gap_enc, const EncSymbol* value_enc, uint8_t* end) {
-  std::array<uint32_t, kWordLanes> x;
+                                  const EncSymbol* gap_enc, const EncSymbol* value_enc, uint8_t* end,
+                                  bool simd = word_simd_available()) {
+  alignas(64) std::array<uint32_t, kWordLanes> x;
   x.fill(kWordRansLow);
   uint8_t* ptr = end;
+  std::array<uint64_t, 256> gap_packed, value_packed;  // the callers' tables have 256 entries
+  if (simd) {
+    for (uint32_t s = 0; s < 256; ++s) gap_packed[s] = pack_word_symbol(gap_enc[s]);
+    for (uint32_t s = 0; s < 256; ++s) value_packed[s] = pack_word_symbol(value_enc[s]);
+  }
   for (uint32_t g = (count + kWordLanes - 1) / kWordLanes; g-- > 0;) {
     const uint32_t first = g * kWordLanes;
     const uint32_t n = std::min(kWordLanes, count - first);
+    if (simd && n == kWordLanes && g != 0) {
+      encode_word_group_simd(x.data(), ptr, gap_tokens + first, value_tokens + first, gap_packed.data(),
+                             value_packed.data());
+      continue;
+    }
     for (uint32_t l = n; l-- > 0;) put_word(x[l], ptr, value_enc[value_tokens[first + l]]);
     const uint32_t lowest = g == 0 ? 1 : 0;  // change 0 has no gap
     for (uint32_t l = n; l-- > lowest;) put_word(x[l], ptr, gap_enc[gap_tokens[first + l]]);
@@ -82,7 +110,7 @@ inline void word_round(uint32_t* x, const WordSlotTable& table, const uint8_t*& 
 // entries, an expand-load of the words). Only where word_simd_available(); `x` 64-byte aligned.
 void word_group_simd(uint32_t* x, const WordSlotTable& gap_table, const WordSlotTable& value_table,
                      const uint8_t*& ptr, uint8_t* gap_tokens, uint8_t* value_tokens);
-// Whether this CPU runs word_group_simd (AVX-512 F and BW; checked once).
-bool word_simd_available();
+// Whether this CPU runs word_group_simd and encode_word_group_simd (AVX-512 F, BW, VL;
+// checked once).
 
 }  // namespace deltasync::compact::detail
