@@ -127,7 +127,7 @@ inline std::string sweep_case(deltasync::DType dtype, double density, Change kin
 inline std::vector<deltasync::compact::EncodedTensorView> views_of(
     const std::vector<deltasync::compact::EncodedTensor>& encoded) {
   std::vector<deltasync::compact::EncodedTensorView> views;
-  for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload});
+  for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload, e.version});
   return views;
 }
 
@@ -155,7 +155,7 @@ struct EditableTensor {
     set<T>(at, static_cast<T>(get<T>(at) + delta));
   }
   uint32_t blocks() const { return get<uint32_t>(kHeaderBlocks); }
-  std::vector<deltasync::compact::EncodedTensorView> views() const { return {{e.name, e.block_index, e.payload}}; }
+  std::vector<deltasync::compact::EncodedTensorView> views() const { return {{e.name, e.block_index, e.payload, e.version}}; }
 
   // Flips one to three random bits, in the block index one time in four, else in the payload.
   void flip_random_bits(std::mt19937_64& rng) {

@@ -22,10 +22,11 @@ using namespace compact_test;
 namespace {
 
 // Encodes, decodes against the base, applies, and checks that the result equals `current`.
-void expect_round_trip(Model& f, uint32_t block_elements) {
+void expect_round_trip_version(Model& f, uint32_t block_elements, uint32_t version) {
   f.encode();
   compact::Options options;
   options.block_elements = block_elements;
+  options.version = version;
   const auto encoded = compact::encode(f.meta, f.delta.view(), options);
   compact::DecodedDelta decoded;
   const auto refs = f.base_refs();
@@ -49,6 +50,15 @@ void expect_round_trip(Model& f, uint32_t block_elements) {
   for (size_t i = 0; i < serial.size(); ++i) {
     EXPECT_EQ(serial[i].block_index, encoded[i].block_index);
     EXPECT_EQ(serial[i].payload, encoded[i].payload);
+    EXPECT_EQ(serial[i].version, version);
+  }
+}
+
+// Both compact versions.
+void expect_round_trip(Model& f, uint32_t block_elements) {
+  for (uint32_t version : {compact::kFormatVersion1, compact::kFormatVersion2}) {
+    SCOPED_TRACE("compact_version " + std::to_string(version));
+    expect_round_trip_version(f, block_elements, version);
   }
 }
 
@@ -94,7 +104,7 @@ TEST(CompactRoundTrip, EveryDtypeDensityAndChangeKind) {
 
 TEST(CompactRoundTrip, BlockBoundariesAndLargeGaps) {
   std::mt19937_64 rng(99);
-  for (uint32_t block : {1u, 2u, 3u, 7u, 64u, 16384u}) {
+  for (uint32_t block : {1u, 2u, 3u, 7u, 31u, 32u, 33u, 64u, 65u, 16384u}) {
     Model f;
     f.add("a", ds::DType::BF16, 5000);
     f.add("b", ds::DType::F32, 3);
@@ -252,6 +262,51 @@ TEST(CompactFile, RefusesAnotherBaseOrFormat) {
   EXPECT_THROW(compact::decode_compact_delta(trl, f.meta, refs, decoded), ds::Error);
 }
 
+// A compact_version 2 file records its version, decodes like version 1, is smaller than the
+// interoperable layout by about as much; the reader refuses unknown versions and a writer
+// refuses tensors coded in two versions.
+TEST(CompactFile, Version2RoundTripsAndVersionsAreChecked) {
+  std::mt19937_64 rng(15);
+  Model f = small_model(rng);
+  compact::Options v2;
+  v2.version = compact::kFormatVersion2;
+  v2.block_elements = 40;
+  const ds::st::File file =
+      ds::st::File::from_bytes(compact::serialize_compact_delta(f.meta, f.delta.view(), {}, v2), "d2.safetensors");
+  EXPECT_EQ(file.metadata().at("compact_version"), "2");
+  compact::DecodedDelta decoded;
+  const auto refs = f.base_refs();
+  compact::decode_compact_delta(file, f.meta, refs, decoded);
+  EXPECT_EQ(decoded.storage.indices, f.delta.indices);
+  EXPECT_EQ(decoded.storage.values, f.delta.values);
+  EXPECT_EQ(decoded.storage.base_values, f.delta.base_values);
+
+  // The same bytes labelled version 1 (or 3) are refused, not misread.
+  const auto relabelled = [&](const std::string& version) {
+    std::vector<ds::st::WriteTensor> tensors;
+    for (const ds::st::TensorInfo& t : file.tensors()) tensors.push_back({t.name, t.dtype, t.shape, file.bytes(t)});
+    ds::st::Metadata md = file.metadata();
+    md["compact_version"] = version;
+    return ds::st::File::from_bytes(ds::st::serialize(tensors, md), "d2.safetensors");
+  };
+  EXPECT_THROW(compact::decode_compact_delta(relabelled("1"), f.meta, refs, decoded), ds::Error);
+  try {
+    compact::decode_compact_delta(relabelled("3"), f.meta, refs, decoded);
+    FAIL() << "compact_version 3 accepted";
+  } catch (const ds::Error& e) {
+    EXPECT_EQ(std::string(e.what()), "d2.safetensors: unsupported compact_version '3' (this build reads 1 and 2)");
+  }
+
+  // Tensors coded in two versions cannot share a file; an unknown version cannot be written.
+  auto mixed = compact::encode(f.meta, f.delta.view(), v2);
+  ASSERT_EQ(mixed.size(), 2u);
+  mixed[1] = compact::encode(f.meta, f.delta.view()).at(1);
+  EXPECT_THROW(compact::serialize_compact_delta(f.meta, f.delta.view(), {}, mixed), ds::Error);
+  compact::Options v3;
+  v3.version = 3;
+  EXPECT_THROW(compact::encode(f.meta, f.delta.view(), v3), ds::Error);
+}
+
 // The compact reader's numbers (its model_version and its total_changed_elements, which once
 // allowed any 20 digits through std::stoull) follow the one rule, in one line naming the file.
 TEST(CompactFile, RefusesSignedOrSpacedNumbers) {
@@ -294,7 +349,7 @@ namespace {
 struct Corruptible : EditableTensor {
   Model f;
 
-  Corruptible() {
+  explicit Corruptible(uint32_t version) {
     std::mt19937_64 rng(77);
     f.add("layer.w", ds::DType::BF16, 40000);
     fill_base(f.base[0], 2, rng, true);
@@ -302,6 +357,7 @@ struct Corruptible : EditableTensor {
     f.encode();
     compact::Options options;
     options.block_elements = 500;
+    options.version = version;
     e = compact::encode(f.meta, f.delta.view(), options).at(0);
   }
 
@@ -326,65 +382,71 @@ struct Corruptible : EditableTensor {
     EXPECT_NE(msg.find(fragment), std::string::npos) << "message: '" << msg << "'"; \
   } while (0)
 
+// Every corruption test runs on both compact versions.
+class CompactCorrupt : public ::testing::TestWithParam<uint32_t> {};
+
 }  // namespace
 
-TEST(CompactCorrupt, UntouchedDecodes) {
-  Corruptible c;
+INSTANTIATE_TEST_SUITE_P(Versions, CompactCorrupt, ::testing::Values(compact::kFormatVersion1, compact::kFormatVersion2),
+                         [](const ::testing::TestParamInfo<uint32_t>& info) { return "v" + std::to_string(info.param); });
+
+TEST_P(CompactCorrupt, UntouchedDecodes) {
+  Corruptible c(GetParam());
   ASSERT_GT(c.blocks(), 3u);
   EXPECT_EQ(c.decode_error(), "");
 }
 
-TEST(CompactCorrupt, TruncatedPayload) {
-  Corruptible c;
+TEST_P(CompactCorrupt, TruncatedPayload) {
+  Corruptible c(GetParam());
   c.e.payload.pop_back();
   EXPECT_REFUSED(c, "payload has");
   // Consistently shortened last block (its raw bits lose a byte): the stream runs dry.
-  Corruptible d;
+  Corruptible d(GetParam());
   const size_t last = Corruptible::record(d.blocks() - 1);
   d.e.payload.pop_back();
   d.set<uint32_t>(last + Corruptible::kBits, d.get<uint32_t>(last + Corruptible::kBits) - 1);
   d.set<uint64_t>(Corruptible::kHeaderPayload, d.e.payload.size());
   EXPECT_REFUSED(d, "block " + std::to_string(d.blocks() - 1) + ": raw bit stream truncated");
   // A block whose rANS stream lost bytes (the raw bits slide into it).
-  Corruptible r;
+  Corruptible r(GetParam());
   r.set<uint32_t>(Corruptible::record(1) + Corruptible::kRans, r.get<uint32_t>(Corruptible::record(1) + Corruptible::kRans) - 3);
   r.set<uint32_t>(Corruptible::record(1) + Corruptible::kBits, r.get<uint32_t>(Corruptible::record(1) + Corruptible::kBits) + 3);
   EXPECT_REFUSED(r, "block 1: ");
   // The block index itself cut short.
-  Corruptible i;
+  Corruptible i(GetParam());
   i.e.block_index.resize(i.e.block_index.size() - 5);
   EXPECT_REFUSED(i, "block index has");
   i.e.block_index.resize(10);
   EXPECT_REFUSED(i, "block index truncated");
 }
 
-TEST(CompactCorrupt, BadBlockIndex) {
+TEST_P(CompactCorrupt, BadBlockIndex) {
   for (const BlockIndexDefect& defect : block_index_defects()) {
     SCOPED_TRACE(defect.what);
-    Corruptible c;
+    Corruptible c(GetParam());
     defect.apply(c);
     EXPECT_REFUSED(c, defect.fragment);
   }
 }
 
-TEST(CompactCorrupt, OverlongGap) {
+TEST_P(CompactCorrupt, OverlongGap) {
   // Changes at 0 and 50 encoded for a 60-element tensor, decoded against a 40-element base.
-  Corruptible c;
+  Corruptible c(GetParam());
   c.e = changes_at_0_and_50_of_60();
   c.f.meta[0].shape = {40};
   c.f.base[0].resize(80);
   EXPECT_REFUSED(c, "gap after position 0 leads outside the tensor (40 elements)");
 }
 
-TEST(CompactCorrupt, TrailingGarbage) {
+TEST_P(CompactCorrupt, TrailingGarbage) {
   {  // a byte after the last block
-    Corruptible c;
+    Corruptible c(GetParam());
     c.e.payload.push_back(0);
     c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
     EXPECT_REFUSED(c, "trailing bytes");
   }
   {  // a byte claimed by the last block's raw bits
-    Corruptible c;
+    Corruptible c(GetParam());
     const size_t last = Corruptible::record(c.blocks() - 1);
     c.e.payload.push_back(0);
     c.set<uint32_t>(last + Corruptible::kBits, c.get<uint32_t>(last + Corruptible::kBits) + 1);
@@ -392,17 +454,17 @@ TEST(CompactCorrupt, TrailingGarbage) {
     EXPECT_REFUSED(c, "raw bit stream has trailing bytes");
   }
   {  // tables with a byte too many
-    Corruptible c;
+    Corruptible c(GetParam());
     c.set<uint32_t>(Corruptible::record(0) + Corruptible::kTable, c.get<uint32_t>(Corruptible::record(0) + Corruptible::kTable) + 1);
     c.set<uint32_t>(Corruptible::record(0) + Corruptible::kRans, c.get<uint32_t>(Corruptible::record(0) + Corruptible::kRans) - 1);
     EXPECT_REFUSED(c, "block 0: ");
   }
 }
 
-TEST(CompactCorrupt, RandomByteFlipsNeverCrash) {
+TEST_P(CompactCorrupt, RandomByteFlipsNeverCrash) {
   // Every mutation must either decode (a flip in raw value bits is still a valid delta) or be
   // refused with an Error; run under ASan/UBSan this also proves no out-of-bounds access.
-  Corruptible original;
+  Corruptible original(GetParam());
   std::mt19937_64 rng(2024);
   int refused = 0;
   for (int trial = 0; trial < 3000; ++trial) {

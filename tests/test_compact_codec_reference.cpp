@@ -86,7 +86,7 @@ struct ReferenceBlock {
 };
 
 ReferenceBlock reference_block(const int64_t* positions, const uint8_t* new_bits, const uint8_t* base_bits,
-                               uint32_t count, uint32_t w) {
+                               uint32_t count, uint32_t w, uint32_t version) {
   std::vector<Split> gaps(count), values(count);
   std::vector<uint64_t> gap_counts(256, 0), value_counts(256, 0);
   for (uint32_t i = 0; i < count; ++i) {
@@ -109,26 +109,55 @@ ReferenceBlock reference_block(const int64_t* positions, const uint8_t* new_bits
   }
   block.table_bytes = static_cast<uint32_t>(block.payload.size());
 
-  // rANS: reverse decode order, renormalize by bytes, then x = (x / f)·4096 + x % f + start.
-  uint32_t x[4] = {1u << 23, 1u << 23, 1u << 23, 1u << 23};
-  std::vector<uint8_t> emitted;  // in emission order; the stream holds them reversed
-  const auto put = [&](int lane, const Table& t, uint32_t token) {
-    const uint32_t f = t.freq.at(token);
-    while (x[lane] >= (uint32_t{1} << 19) * f) {
-      emitted.push_back(static_cast<uint8_t>(x[lane]));
-      x[lane] >>= 8;
+  if (version == compact::kFormatVersion1) {
+    // rANS: reverse decode order, renormalize by bytes, then x = (x / f)·4096 + x % f + start.
+    uint32_t x[4] = {1u << 23, 1u << 23, 1u << 23, 1u << 23};
+    std::vector<uint8_t> emitted;  // in emission order; the stream holds them reversed
+    const auto put = [&](int lane, const Table& t, uint32_t token) {
+      const uint32_t f = t.freq.at(token);
+      while (x[lane] >= (uint32_t{1} << 19) * f) {
+        emitted.push_back(static_cast<uint8_t>(x[lane]));
+        x[lane] >>= 8;
+      }
+      x[lane] = (x[lane] / f) * 4096 + x[lane] % f + t.start[token];
+    };
+    for (uint32_t i = count; i-- > 0;) {
+      put(i % 2 ? 3 : 1, value_table, values[i].token);
+      if (i > 0) put(i % 2 ? 2 : 0, gap_table, gaps[i].token);
     }
-    x[lane] = (x[lane] / f) * 4096 + x[lane] % f + t.start[token];
-  };
-  for (uint32_t i = count; i-- > 0;) {
-    put(i % 2 ? 3 : 1, value_table, values[i].token);
-    if (i > 0) put(i % 2 ? 2 : 0, gap_table, gaps[i].token);
+    std::vector<uint8_t> rans(16);
+    for (int lane = 0; lane < 4; ++lane) std::memcpy(rans.data() + 4 * lane, &x[lane], 4);
+    rans.insert(rans.end(), emitted.rbegin(), emitted.rend());
+    block.rans_bytes = static_cast<uint32_t>(rans.size());
+    block.payload.insert(block.payload.end(), rans.begin(), rans.end());
+  } else {
+    // Version 2: change i in lane i mod 32, states in [2^15, 2^31) renormalized by one 16-bit
+    // word; decode order per group of 32: gap tokens lanes ascending, then value tokens.
+    std::vector<uint32_t> x(32, 1u << 15);
+    std::vector<uint16_t> emitted;  // in emission order; the stream holds them reversed
+    const auto put = [&](uint32_t lane, const Table& t, uint32_t token) {
+      const uint32_t f = t.freq.at(token);
+      if (x[lane] >= (uint32_t{1} << 19) * f) {
+        emitted.push_back(static_cast<uint16_t>(x[lane]));
+        x[lane] >>= 16;
+      }
+      x[lane] = (x[lane] / f) * 4096 + x[lane] % f + t.start[token];
+    };
+    for (uint32_t group = (count + 31) / 32; group-- > 0;) {
+      const uint32_t first = 32 * group, last = std::min(count, first + 32);
+      for (uint32_t i = last; i-- > first;) put(i % 32, value_table, values[i].token);
+      for (uint32_t i = last; i-- > first;)
+        if (i > 0) put(i % 32, gap_table, gaps[i].token);
+    }
+    std::vector<uint8_t> rans(4 * 32);
+    for (uint32_t lane = 0; lane < 32; ++lane) std::memcpy(rans.data() + 4 * lane, &x[lane], 4);
+    for (auto it = emitted.rbegin(); it != emitted.rend(); ++it) {
+      rans.push_back(static_cast<uint8_t>(*it));
+      rans.push_back(static_cast<uint8_t>(*it >> 8));
+    }
+    block.rans_bytes = static_cast<uint32_t>(rans.size());
+    block.payload.insert(block.payload.end(), rans.begin(), rans.end());
   }
-  std::vector<uint8_t> rans(16);
-  for (int lane = 0; lane < 4; ++lane) std::memcpy(rans.data() + 4 * lane, &x[lane], 4);
-  rans.insert(rans.end(), emitted.rbegin(), emitted.rend());
-  block.rans_bytes = static_cast<uint32_t>(rans.size());
-  block.payload.insert(block.payload.end(), rans.begin(), rans.end());
 
   // Raw bits in decode order, LSB first, one at a time.
   std::vector<uint8_t> bits;
@@ -157,9 +186,22 @@ T read_le(const std::vector<uint8_t>& bytes, size_t at) {
 
 // Encodes one tensor's changes with compact::encode and checks every block against the
 // reference, then decodes against `base` and checks the changes come back.
+void expect_version_matches_reference(const ds::TensorMeta& meta, const void* base, const std::vector<int64_t>& positions,
+                                      const std::vector<uint8_t>& new_bits, const std::vector<uint8_t>& base_bits,
+                                      uint32_t block_elements, uint32_t version);
+
 void expect_matches_reference(const ds::TensorMeta& meta, const void* base, const std::vector<int64_t>& positions,
                               const std::vector<uint8_t>& new_bits, const std::vector<uint8_t>& base_bits,
                               uint32_t block_elements) {
+  for (uint32_t version : {compact::kFormatVersion1, compact::kFormatVersion2}) {
+    SCOPED_TRACE("compact_version " + std::to_string(version));
+    expect_version_matches_reference(meta, base, positions, new_bits, base_bits, block_elements, version);
+  }
+}
+
+void expect_version_matches_reference(const ds::TensorMeta& meta, const void* base, const std::vector<int64_t>& positions,
+                                      const std::vector<uint8_t>& new_bits, const std::vector<uint8_t>& base_bits,
+                                      uint32_t block_elements, uint32_t version) {
   const uint32_t w = meta.width();
   ds::SparseDelta delta;
   delta.offsets = {0, positions.size()};
@@ -169,6 +211,7 @@ void expect_matches_reference(const ds::TensorMeta& meta, const void* base, cons
   delta.base_values = base_bits;
   compact::Options options;
   options.block_elements = block_elements;
+  options.version = version;
   const std::vector<ds::TensorMeta> metas{meta};
   const auto encoded = compact::encode(metas, delta.view(), options);
   ASSERT_EQ(encoded.size(), 1u);
@@ -181,7 +224,8 @@ void expect_matches_reference(const ds::TensorMeta& meta, const void* base, cons
     const size_t first = size_t{b} * block_elements;
     const uint32_t count = static_cast<uint32_t>(std::min<size_t>(block_elements, positions.size() - first));
     const ReferenceBlock ref =
-        reference_block(positions.data() + first, new_bits.data() + first * w, base_bits.data() + first * w, count, w);
+        reference_block(positions.data() + first, new_bits.data() + first * w, base_bits.data() + first * w, count, w,
+                        version);
     const size_t record = 24 + 32 * size_t{b};
     EXPECT_EQ(read_le<uint64_t>(e.block_index, record), static_cast<uint64_t>(positions[first])) << "block " << b;
     EXPECT_EQ(read_le<uint64_t>(e.block_index, record + 8), offset) << "block " << b;
@@ -196,7 +240,7 @@ void expect_matches_reference(const ds::TensorMeta& meta, const void* base, cons
   }
   EXPECT_EQ(offset, e.payload.size());
 
-  const std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload}};
+  const std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload, e.version}};
   const std::vector<ds::ConstTensorRef> refs{{meta.name, base, meta.numel(), w}};
   compact::DecodedDelta decoded;
   compact::decode(views, metas, refs, "mem", decoded);

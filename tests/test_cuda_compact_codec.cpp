@@ -227,6 +227,46 @@ TEST_F(CudaCompactCodec, EveryWidthDensityAndChangeKind) {
   }
 }
 
+// compact_version 2 (32 lanes, one per thread of the decoding warp): the GPU decodes the CPU's
+// bytes to the CPU's arrays, and the GPU encoder refuses to write it.
+TEST_F(CudaCompactCodec, Version2DecodesLikeTheCpu) {
+  std::mt19937_64 rng(4321);
+  for (ds::DType dtype : kOneOfEachWidth) {
+    for (double density : {0.001, 0.01, 0.3, 1.0}) {
+      for (uint32_t block : {1u, 31u, 33u, 1000u, 16384u}) {
+        Model m = sweep_model(dtype, density, Change::Random, rng);
+        SCOPED_TRACE(sweep_case(dtype, density, Change::Random) + " block " + std::to_string(block));
+        m.encode();
+        compact::Options options;
+        options.block_elements = block;
+        options.version = compact::kFormatVersion2;
+        const auto cpu = compact::encode(m.meta, m.delta.view(), options);
+        const auto views = views_of(cpu);
+        const Outcome want = cpu_decode(views, m, "mem");
+        ASSERT_EQ(want.error, "");
+        const Outcome got = gpu_decode(views, m, "mem");
+        ASSERT_EQ(got.error, "");
+        EXPECT_EQ(got.storage.offsets, want.storage.offsets);
+        EXPECT_EQ(got.storage.indices, want.storage.indices);
+        EXPECT_EQ(got.storage.values, want.storage.values);
+        EXPECT_EQ(got.storage.base_values, want.storage.base_values);
+      }
+    }
+  }
+  Model m = sweep_model(ds::DType::BF16, 0.01, Change::Ulp, rng);
+  m.encode();
+  DeviceDelta device(m.delta);
+  compact::Options v2;
+  v2.version = compact::kFormatVersion2;
+  std::string refusal;
+  try {
+    cuda::encode_compact(encoder_, m.meta, device.view(), stream_, v2);
+  } catch (const ds::Error& e) {
+    refusal = e.what();
+  }
+  EXPECT_EQ(refusal, "compact: the GPU encoder writes compact_version 1 only, got 2");
+}
+
 TEST_F(CudaCompactCodec, BlockBoundaries) {
   std::mt19937_64 rng(99);
   for (uint32_t block : {1u, 2u, 3u, 7u, 64u, 16384u}) {
@@ -425,7 +465,7 @@ TEST_F(CudaCompactCodec, EncoderRefusesWhatTheCpuRefuses) {
 // A BF16 tensor of 30000 elements, 5% changed, in blocks of 500.
 struct Corruptible : EditableTensor {
   Model m;
-  Corruptible() {
+  explicit Corruptible(uint32_t version = compact::kFormatVersion1) {
     std::mt19937_64 rng(3);
     m.add("layer.w", ds::DType::BF16, 30000);
     fill_base(m.base[0], 2, rng, false);
@@ -433,6 +473,7 @@ struct Corruptible : EditableTensor {
     m.encode();
     compact::Options options;
     options.block_elements = 500;
+    options.version = version;
     e = compact::encode(m.meta, m.delta.view(), options).at(0);
   }
 };
@@ -551,6 +592,54 @@ TEST_F(CudaCompactCorrupt, TrailingBytesAndBadTables) {
     c.e.payload[at] = 0x7F;
     expect_same_refusal(c, "block 3: ");
   }
+}
+
+TEST_F(CudaCompactCorrupt, Version2TruncatedStreamsAndBadStates) {
+  {
+    Corruptible c(compact::kFormatVersion2);
+    const size_t last = Corruptible::record(c.blocks() - 1);
+    c.e.payload.pop_back();
+    c.add<uint32_t>(last + Corruptible::kBits, -1);
+    c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
+    expect_same_refusal(c, "raw bit stream truncated");
+  }
+  {  // a lane's initial state out of range (block 2's state bytes follow its tables)
+    Corruptible c(compact::kFormatVersion2);
+    const uint64_t at = c.get<uint64_t>(Corruptible::record(2) + Corruptible::kOffset) +
+                        c.get<uint32_t>(Corruptible::record(2) + Corruptible::kTable);
+    c.e.payload[at + 4 * 7 + 3] = 0xFF;
+    expect_same_refusal(c, "block 2: rANS stream has an invalid initial state");
+  }
+  {  // the rANS stream loses a word to the raw bits
+    Corruptible c(compact::kFormatVersion2);
+    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kRans, -2);
+    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kBits, 2);
+    expect_same_refusal(c, "block 1: ");
+  }
+}
+
+TEST_F(CudaCompactCorrupt, Version2RandomByteFlipsGiveTheCpuOutcome) {
+  Corruptible c(compact::kFormatVersion2);
+  std::mt19937_64 rng(2025);
+  int refused = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const auto saved_index = c.e.block_index;
+    const auto saved_payload = c.e.payload;
+    c.flip_random_bits(rng);
+    const Outcome cpu = cpu_decode(c.views(), c.m, "fuzz");
+    const Outcome gpu = gpu_decode(c.views(), c.m, "fuzz");
+    ASSERT_EQ(gpu.error, cpu.error) << "trial " << trial;
+    if (cpu.error.empty()) {
+      ASSERT_EQ(gpu.storage.indices, cpu.storage.indices) << "trial " << trial;
+      ASSERT_EQ(gpu.storage.values, cpu.storage.values) << "trial " << trial;
+      ASSERT_EQ(gpu.storage.base_values, cpu.storage.base_values) << "trial " << trial;
+    } else {
+      ++refused;
+    }
+    c.e.block_index = saved_index;
+    c.e.payload = saved_payload;
+  }
+  EXPECT_GT(refused, 150);
 }
 
 TEST_F(CudaCompactCorrupt, RandomByteFlipsGiveTheCpuOutcome) {
@@ -690,7 +779,7 @@ TEST(CompactBlockLogic, DecodesAndRefusesExactlyLikeTheCpuDecoder) {
             }
           }
         }
-        const std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload}};
+        const std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload, e.version}};
         const Outcome cpu = cpu_decode(views, m, "fuzz");
         ds::SparseDelta gpu;
         const std::string gpu_error = block_logic::emulate_decode(e, m.base[0], m.meta[0].numel(), w, gpu);

@@ -39,6 +39,7 @@ struct Config {
   int calibration_steps = 0;  // 0: as many as measured_steps, so the measured density hits the target
   int measured_steps = 8;  // per density
   uint32_t block_elements = deltasync::compact::kDefaultBlockElements;
+  uint32_t compact_version = deltasync::compact::kDefaultFormatVersion;
   int zstd_level = 3;
 };
 
@@ -48,7 +49,7 @@ struct Config {
                "usage: deltasync-realistic [--steps N] [--lr X] [--noise X] [--weight-decay X] [--seed N]\n"
                "         [--vocab N] [--hidden N] [--intermediate N] [--layers N] [--kv-dim N]\n"
                "         [--densities D1,D2,..] [--calibration-steps N] [--measured-steps N]\n"
-               "         [--block-elements N] [--zstd-level N]\n",
+               "         [--block-elements N] [--compact-version 1|2] [--zstd-level N]\n",
                why);
   std::exit(2);
 }
@@ -77,6 +78,7 @@ Config parse(int argc, char** argv) {
       else if (flag == "--calibration-steps") integer(c.calibration_steps);
       else if (flag == "--measured-steps") integer(c.measured_steps);
       else if (flag == "--block-elements") integer(c.block_elements);
+      else if (flag == "--compact-version") integer(c.compact_version);
       else if (flag == "--zstd-level") integer(c.zstd_level);
       else if (flag == "--densities") {
         std::stringstream ss(value);
@@ -186,6 +188,7 @@ class Pipeline {
     // Per-core figures: the codec's own thread only.
     ds::compact::Options options;
     options.block_elements = config_.block_elements;
+    options.version = config_.compact_version;
     options.parallel = false;
     double t0 = thread_seconds();
     const auto encoded = ds::compact::encode(meta, view, options);
@@ -193,7 +196,7 @@ class Pipeline {
     for (const auto& e : encoded) m.ours += e.block_index.size() + e.payload.size();
 
     std::vector<ds::compact::EncodedTensorView> views;
-    for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload});
+    for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload, e.version});
     std::vector<ds::ConstTensorRef> base;
     std::vector<ds::TensorRef> targets;
     for (size_t t = 0; t < meta.size(); ++t) {
@@ -252,11 +255,11 @@ int main(int argc, char** argv) try {
   std::printf("## deltasync-realistic\n\n");
   std::printf("model: %zu bf16 tensors, %.1f M elements (vocab %llu, hidden %llu, intermediate %llu, layers %llu); "
               "AdamW beta1 %.3g beta2 %.4g eps %.0e weight decay %.3g, gradient noise %.1fx signal; "
-              "compact blocks of %u changes; interop+zstd at level %d; %u worker threads; single-thread memcpy %.2f GB/s\n\n",
+              "compact blocks of %u changes (compact_version %u); interop+zstd at level %d; %u worker threads; single-thread memcpy %.2f GB/s\n\n",
               sim.tensors().size(), sim.total_elements() / 1e6, (unsigned long long)config.shape.vocab,
               (unsigned long long)config.shape.hidden, (unsigned long long)config.shape.intermediate,
               (unsigned long long)config.shape.layers, config.opt.beta1, config.opt.beta2, config.opt.eps,
-              config.opt.weight_decay, config.opt.noise_ratio, config.block_elements, config.zstd_level,
+              config.opt.weight_decay, config.opt.noise_ratio, config.block_elements, config.compact_version, config.zstd_level,
               deltasync::worker_count(), memcpy_gbps());
   std::printf("Bytes per changed element (tensor payload; the safetensors header is the same for every layout). "
               "Throughput = interoperable-layout bytes of the delta per second of the codec thread's CPU time (one core; the codec runs single-threaded here).\n\n");

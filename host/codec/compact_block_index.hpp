@@ -39,6 +39,7 @@ BlockRecord read_record(const uint8_t* in);
 // A block index read and checked against its payload and tensor.
 struct ParsedBlockIndex {
   size_t base_index = 0;  // the base tensor it belongs to (the caller's numbering)
+  uint32_t version = 1;   // compact_version: how the blocks' rANS streams are laid out
   uint64_t changed = 0;
   std::vector<BlockRecord> blocks;
   std::span<const uint8_t> payload;

@@ -25,6 +25,8 @@ void run_tasks(size_t n, const Options& options, const std::function<void(size_t
 void check_block_elements(const Options& options) {
   if (options.block_elements == 0 || options.block_elements > (1u << 24))
     throw BadInputError("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
+  if (!is_known_version(options.version))
+    throw BadInputError("compact: unknown compact_version " + std::to_string(options.version) + " (1 or 2)");
 }
 
 }  // namespace
@@ -72,7 +74,8 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
     const uint64_t at = delta.offsets[task.tensor] + task.first;
     const uint64_t byte_at = delta.value_offsets[task.tensor] + task.first * width;
     records[i] = detail::encode_block(delta.indices.data() + at, delta.values.data() + byte_at,
-                                      delta.base_values.data() + byte_at, task.count, width, payloads[i]);
+                                      delta.base_values.data() + byte_at, task.count, width, options.version,
+                                      payloads[i]);
   });
 
   std::vector<EncodedTensor> out;
@@ -81,6 +84,7 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
     EncodedTensor& e = out.emplace_back();
     e.name = tensors[t].name;
     e.changed = delta.count(t);
+    e.version = options.version;
     const size_t num_blocks = first_task[t + 1] - first_task[t];
     e.block_index.resize(kIndexHeaderBytes + num_blocks * kRecordBytes);
     uint64_t offset = 0;
@@ -127,7 +131,9 @@ std::vector<ParsedBlockIndex> parse_encoded_tensors(std::span<const EncodedTenso
     const uint32_t width = base_meta[t].width();
     if (width != 1 && width != 2 && width != 4)
       throw BadInputError(where + ": unsupported element width " + std::to_string(width));
+    if (!is_known_version(e.version)) throw BadInputError(where + ": unknown compact_version " + std::to_string(e.version));
     parsed.push_back(parse_block_index(e.block_index, e.payload, t, base_meta[t].numel(), where));
+    parsed.back().version = e.version;
   }
 
   return parsed;
@@ -182,7 +188,7 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     const uint64_t byte_at = s.value_offsets[t] + task.first * width;
     try {
       detail::decode_block(r, p.payload.subspan(r.payload_offset, r.payload_bytes()),
-                           static_cast<const uint8_t*>(base[t].data), base[t].numel, width, s.indices.data() + at,
+                           static_cast<const uint8_t*>(base[t].data), base[t].numel, width, p.version, s.indices.data() + at,
                            s.values.data() + byte_at, s.base_values.data() + byte_at);
     } catch (const BlockError& e) {
       throw BadInputError(label + ": tensor " + base_meta[t].name + ": block " + std::to_string(task.block) + ": " + e.what());

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "codec/compact_codec.hpp"
+#include "codec/compact_word_lanes.hpp"
 
 namespace deltasync::compact::detail {
 namespace {
@@ -233,10 +234,9 @@ void write_model(const Model& m, std::vector<uint8_t>& out) {
   for (uint32_t s = 0; s < m.num_symbols; ++s) put_varint(out, m.freq[s]);
 }
 
-// Reads a table and builds the slot -> symbol lookup. `required`: the block has symbols of this
+// Reads a table (frequencies and starts into `m`). `required`: the block has symbols of this
 // kind, so the table must not be empty.
-void read_model(const uint8_t*& p, const uint8_t* end, uint32_t limit, bool required, Model& m,
-                SlotTable& table, const char* kind) {
+void read_model(const uint8_t*& p, const uint8_t* end, uint32_t limit, bool required, Model& m, const char* kind) {
   m.num_symbols = get_varint(p, end);
   if (m.num_symbols > limit)
     throw BlockError(std::string(kind) + " table has " + std::to_string(m.num_symbols) + " symbols (at most " +
@@ -251,11 +251,22 @@ void read_model(const uint8_t*& p, const uint8_t* end, uint32_t limit, bool requ
     if (f > kScale - acc) throw BlockError(std::string(kind) + " table frequencies exceed the scale");
     m.freq[s] = f;
     m.start[s] = acc;
-    std::memset(table.symbol.data() + acc, static_cast<int>(s), f);
-    table.freq_start[s] = f | acc << 13;
     acc += f;
   }
   if (acc != kScale) throw BlockError(std::string(kind) + " table frequencies do not sum to the scale");
+}
+
+// The slot lookups of a table read by read_model (an empty table builds nothing: it is never
+// decoded from).
+void build_slots(const Model& m, SlotTable& table) {
+  for (uint32_t s = 0; s < m.num_symbols; ++s) {
+    std::memset(table.symbol.data() + m.start[s], static_cast<int>(s), m.freq[s]);
+    table.freq_start[s] = m.freq[s] | m.start[s] << 13;
+  }
+}
+void build_slots(const Model& m, WordSlotTable& table) {
+  for (uint32_t s = 0; s < m.num_symbols; ++s)
+    for (uint32_t j = 0; j < m.freq[s]; ++j) table.entry[m.start[s] + j] = word_slot_entry(m.freq[s], j, s);
 }
 
 // Renormalization emits 0, 1 or 2 bytes (x < 2^31 and x_max >= 2^19). Branch-free: both
@@ -304,15 +315,45 @@ inline void store_w(uint8_t* p, uint32_t v) {
   }
 }
 
+// compact_version 1's rANS pass: four lanes sharing a byte stream, written backwards from `end`
+// in reverse decode order; returns the stream's first byte. Unrolled by pairs of changes (odd i,
+// then the even i - 1 below it), so the lane choice is static: odd changes use lanes 3 (value)
+// and 2 (gap), even ones lanes 1 and 0.
+uint8_t* encode_byte_lanes(const uint8_t* gap_tokens, const uint8_t* value_tokens, uint32_t count,
+                           const EncSymbol* gap_enc, const EncSymbol* value_enc, uint8_t* end) {
+  uint8_t* ptr = end;
+  uint32_t x0 = kRansLow, x1 = kRansLow, x2 = kRansLow, x3 = kRansLow;
+  uint32_t i = count - 1;
+  if ((i & 1) == 0 && i > 0) {  // the last change is even: code it alone, then pairs follow
+    rans_put(x1, ptr, value_enc[value_tokens[i]]);
+    rans_put(x0, ptr, gap_enc[gap_tokens[i]]);
+    --i;
+  }
+  // Here i is odd, or i == 0 (a one-change block).
+  for (; i >= 1; i -= 2) {
+    rans_put(x3, ptr, value_enc[value_tokens[i]]);
+    rans_put(x2, ptr, gap_enc[gap_tokens[i]]);
+    rans_put(x1, ptr, value_enc[value_tokens[i - 1]]);
+    if (i - 1 > 0) rans_put(x0, ptr, gap_enc[gap_tokens[i - 1]]);
+    if (i == 1) break;
+  }
+  if (count == 1) rans_put(x1, ptr, value_enc[value_tokens[0]]);
+  for (const uint32_t x : {x3, x2, x1, x0}) {
+    ptr -= 4;
+    store_le<uint32_t>(ptr, x);
+  }
+  return ptr;
+}
+
 template <uint32_t W>
 void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uint8_t* base_bits, uint32_t count,
-                    std::vector<uint8_t>& out, BlockRecord& record) {
+                    uint32_t version, std::vector<uint8_t>& out, BlockRecord& record) {
   // Scratch reused across blocks; raw pointers taken once, because stores through uint8_t*
   // may alias anything and would otherwise force reloads of the vectors' fields every element.
   thread_local std::vector<uint8_t> token_buffer, bits_buffer, rans_buffer;
   if (token_buffer.size() < size_t{count} * 2) token_buffer.resize(size_t{count} * 2);
   if (bits_buffer.size() < size_t{count} * 12 + 16) bits_buffer.resize(size_t{count} * 12 + 16);
-  if (rans_buffer.size() < size_t{count} * 4 + 16) rans_buffer.resize(size_t{count} * 4 + 16);
+  if (rans_buffer.size() < size_t{count} * 4 + kWordStateBytes + 16) rans_buffer.resize(size_t{count} * 4 + kWordStateBytes + 16);
   uint8_t* const gap_tokens = token_buffer.data();
   uint8_t* const value_tokens = token_buffer.data() + count;
 
@@ -363,36 +404,17 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
   write_model(gap_model, out);
   write_model(value_model, out);
   record.table_bytes = static_cast<uint32_t>(out.size() - before_tables);
-  std::array<EncSymbol, kGapTokens> gap_enc, value_enc;
-  for (uint32_t s = 0; s < gap_model.num_symbols; ++s) gap_enc[s] = enc_symbol(gap_model.start[s], gap_model.freq[s]);
+  std::array<EncSymbol, kGapTokens> gap_enc{}, value_enc{};  // all 256 entries initialized (packed by the SIMD encoder)
+  const auto symbol_of = version == kFormatVersion2 ? enc_word_symbol : enc_symbol;
+  for (uint32_t s = 0; s < gap_model.num_symbols; ++s) gap_enc[s] = symbol_of(gap_model.start[s], gap_model.freq[s]);
   for (uint32_t s = 0; s < value_model.num_symbols; ++s)
-    value_enc[s] = enc_symbol(value_model.start[s], value_model.freq[s]);
+    value_enc[s] = symbol_of(value_model.start[s], value_model.freq[s]);
 
-  // Pass 2: rANS in reverse decode order, written backwards (<= 2 bytes per symbol + states).
-  // Unrolled by pairs of changes (odd i, then the even i - 1 below it), so the lane choice is
-  // static: odd changes use lanes 3 (value) and 2 (gap), even ones lanes 1 and 0.
-  uint8_t* const end = rans_buffer.data() + size_t{count} * 4 + 16;
-  uint8_t* ptr = end;
-  uint32_t x0 = kRansLow, x1 = kRansLow, x2 = kRansLow, x3 = kRansLow;
-  uint32_t i = count - 1;
-  if ((i & 1) == 0 && i > 0) {  // the last change is even: code it alone, then pairs follow
-    rans_put(x1, ptr, value_enc[value_tokens[i]]);
-    rans_put(x0, ptr, gap_enc[gap_tokens[i]]);
-    --i;
-  }
-  // Here i is odd, or i == 0 (a one-change block).
-  for (; i >= 1; i -= 2) {
-    rans_put(x3, ptr, value_enc[value_tokens[i]]);
-    rans_put(x2, ptr, gap_enc[gap_tokens[i]]);
-    rans_put(x1, ptr, value_enc[value_tokens[i - 1]]);
-    if (i - 1 > 0) rans_put(x0, ptr, gap_enc[gap_tokens[i - 1]]);
-    if (i == 1) break;
-  }
-  if (count == 1) rans_put(x1, ptr, value_enc[value_tokens[0]]);
-  for (const uint32_t x : {x3, x2, x1, x0}) {
-    ptr -= 4;
-    store_le<uint32_t>(ptr, x);
-  }
+  // Pass 2: rANS in reverse decode order, written backwards (<= 4 bytes per change + states).
+  uint8_t* const end = rans_buffer.data() + rans_buffer.size();
+  uint8_t* const ptr = version == kFormatVersion2
+                           ? encode_word_lanes(gap_tokens, value_tokens, count, gap_enc.data(), value_enc.data(), end)
+                           : encode_byte_lanes(gap_tokens, value_tokens, count, gap_enc.data(), value_enc.data(), end);
   record.rans_bytes = static_cast<uint32_t>(end - ptr);
   record.bits_bytes = static_cast<uint32_t>(bits_bytes);
   out.insert(out.end(), ptr, end);
@@ -401,10 +423,11 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
 
 // ---- decoder --------------------------------------------------------------------------------
 //
-// Changes are decoded in chunks of kDecodeChunk, each in two tight passes:
-//   1. rANS: the chunk's gap and value tokens. Nothing but the four lane states, the stream
-//      pointer and the tables is live, so the lanes stay in registers and their independent
-//      dependency chains overlap (one loop doing all the work spills them to the stack);
+// Changes are decoded in chunks, each in two tight passes:
+//   1. rANS: the chunk's gap and value tokens (a "token source": ByteLanes for compact_version
+//      1, chunks of 16 changes; WordLanes for version 2, one group of 32 changes, 32 lanes at
+//      once). Nothing but the lane states, the stream pointer and the tables is live, so the
+//      lanes stay in registers and their independent dependency chains overlap;
 //   2. raw bits: positions (validated against the tensor before anything reads the base) and
 //      value symbols, parked in new_bits; each position's base line is prefetched, and the
 //      change kGatherLag before it gathers its base bits. After the pass, the new bits of the
@@ -418,10 +441,11 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
 // per-symbol bounds checks: a chunk reads at most kRansPad / kRawPad bytes past its stream's
 // end, and whether it did is checked after every chunk (a truncated stream reads the padding
 // and is then refused).
-constexpr uint32_t kDecodeChunk = 16;  // even: every chunk starts at an odd change (lanes 2/3)
-constexpr uint32_t kGatherLag = 32;     // changes between a position's prefetch and its gather
-constexpr size_t kRansPad = 4 * size_t{kDecodeChunk} + 16;   // 2 tokens of <= 2 bytes per change
-constexpr size_t kRawPad = 12 * size_t{kDecodeChunk} + 16;   // <= 61 + 29 raw bits per change
+constexpr uint32_t kByteChunk = 16;          // even: every chunk starts at an odd change (lanes 2/3)
+constexpr uint32_t kMaxChunk = kWordLanes;   // the largest chunk of either source
+constexpr uint32_t kGatherLag = 32;          // changes between a position's prefetch and its gather
+constexpr size_t kRansPad = std::max(4 * size_t{kByteChunk} + 16, kWordStreamPad);  // <= 4 bytes per change
+constexpr size_t kRawPad = 12 * size_t{kMaxChunk} + 16;  // <= 61 + 29 raw bits per change
 
 struct PaddedCopy {
   std::vector<uint8_t> bytes;
@@ -458,38 +482,129 @@ inline uint64_t raw_bits(const uint8_t* bits, uint64_t at, uint32_t n) {
   return (low & 0xFFFFFFFFu) | ((high & ((uint64_t{1} << (n - 32)) - 1)) << 32);
 }
 
-template <uint32_t W>
+// Token source of compact_version 1: four lanes sharing a byte stream. Change 0 comes alone
+// (its value token, lane 1), then chunks of 16 starting at odd changes: change i uses lanes 2/3
+// (gap/value) when odd, 0/1 when even, like the encoder.
+class ByteLanes {
+ public:
+  static constexpr uint32_t kStateBytes = 16;
+  // Version 1's decoder checked change 0's raw bits before any rANS bound (kept: the GPU twin
+  // reports the same first defect).
+  static constexpr bool kCheckFirstChunk = false;
+  static constexpr const char* kBadState = "rANS stream has an invalid initial state";
+
+  ByteLanes(const Model& gap, const Model& value) {
+    build_slots(gap, gap_table_);
+    build_slots(value, value_table_);
+  }
+  const uint8_t* start(const uint8_t* ptr) {
+    for (int lane = 0; lane < 4; ++lane, ptr += 4) {
+      x_[lane] = load_le<uint32_t>(ptr);
+      if (x_[lane] < kRansLow || x_[lane] >= (kRansLow << 8)) throw BlockError(kBadState);
+    }
+    return ptr;
+  }
+  uint32_t next(uint32_t begin, uint32_t count, const uint8_t*& stream, uint8_t* gap_tokens, uint8_t* value_tokens) {
+    const uint8_t* ptr = stream;  // a local: the token stores (uint8_t) could alias the caller's pointer
+    uint32_t x0 = x_[0], x1 = x_[1], x2 = x_[2], x3 = x_[3];
+    const SlotTable& gap_slots = gap_table_;
+    const SlotTable& value_slots = value_table_;
+    uint32_t n = 1;
+    if (begin == 0) {
+      value_tokens[0] = static_cast<uint8_t>(rans_get(x1, value_slots, ptr));
+    } else {
+      n = std::min(kByteChunk, count - begin);
+      uint32_t k = 0;
+      for (; k + 1 < n; k += 2) {
+        gap_tokens[k] = static_cast<uint8_t>(rans_get(x2, gap_slots, ptr));
+        value_tokens[k] = static_cast<uint8_t>(rans_get(x3, value_slots, ptr));
+        gap_tokens[k + 1] = static_cast<uint8_t>(rans_get(x0, gap_slots, ptr));
+        value_tokens[k + 1] = static_cast<uint8_t>(rans_get(x1, value_slots, ptr));
+      }
+      if (k < n) {
+        gap_tokens[k] = static_cast<uint8_t>(rans_get(x2, gap_slots, ptr));
+        value_tokens[k] = static_cast<uint8_t>(rans_get(x3, value_slots, ptr));
+      }
+    }
+    x_[0] = x0, x_[1] = x1, x_[2] = x2, x_[3] = x3;
+    stream = ptr;
+    return n;
+  }
+  bool finished() const { return x_[0] == kRansLow && x_[1] == kRansLow && x_[2] == kRansLow && x_[3] == kRansLow; }
+
+ private:
+  static thread_local SlotTable gap_table_, value_table_;
+  uint32_t x_[4];
+};
+thread_local SlotTable ByteLanes::gap_table_, ByteLanes::value_table_;
+
+// Token source of compact_version 2: 32 lanes sharing a stream of 16-bit words, one group of 32
+// changes per chunk (change i in lane i mod 32; change 0 has no gap token). Full groups run
+// word_group_simd where the CPU has AVX-512, else word_round -- the same arithmetic.
+class WordLanes {
+ public:
+  static constexpr uint32_t kStateBytes = kWordStateBytes;
+  static constexpr bool kCheckFirstChunk = true;
+  static constexpr const char* kBadState = "rANS stream has an invalid initial state";
+
+  WordLanes(const Model& gap, const Model& value) : simd_(word_simd_available()) {
+    build_slots(gap, gap_table_);
+    build_slots(value, value_table_);
+  }
+  const uint8_t* start(const uint8_t* ptr) {
+    for (uint32_t lane = 0; lane < kWordLanes; ++lane, ptr += 4) {
+      x_[lane] = load_le<uint32_t>(ptr);
+      if (x_[lane] < kWordRansLow || x_[lane] >= (kWordRansLow << 16)) throw BlockError(kBadState);
+    }
+    return ptr;
+  }
+  uint32_t next(uint32_t begin, uint32_t count, const uint8_t*& ptr, uint8_t* gap_tokens, uint8_t* value_tokens) {
+    const uint32_t n = std::min(kWordLanes, count - begin);
+    if (n == kWordLanes && begin != 0 && simd_) {
+      word_group_simd(x_, gap_table_, value_table_, ptr, gap_tokens, value_tokens);
+    } else {
+      word_round(x_, gap_table_, ptr, gap_tokens, begin == 0 ? 1 : 0, n);
+      word_round(x_, value_table_, ptr, value_tokens, 0, n);
+    }
+    return n;
+  }
+  bool finished() const {
+    uint32_t differ = 0;
+    for (uint32_t lane = 0; lane < kWordLanes; ++lane) differ |= x_[lane] ^ kWordRansLow;
+    return differ == 0;
+  }
+
+ private:
+  static thread_local WordSlotTable gap_table_, value_table_;
+  bool simd_;
+  alignas(64) uint32_t x_[kWordLanes];
+};
+thread_local WordSlotTable WordLanes::gap_table_, WordLanes::value_table_;
+
+template <uint32_t W, class Lanes>
 void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base, uint64_t numel,
                     int64_t* positions, uint8_t* new_bits, uint8_t* base_bits) {
   const uint32_t count = record.count;
   const uint8_t* p = payload.data();
   const uint8_t* const tables_end = p + record.table_bytes;
   Model gap_model, value_model;
-  thread_local SlotTable gap_table, value_table;
-  read_model(p, tables_end, kGapTokens, count > 1, gap_model, gap_table, "gap");
-  read_model(p, tables_end, value_token_limit(W), true, value_model, value_table, "value");
+  read_model(p, tables_end, kGapTokens, count > 1, gap_model, "gap");
+  read_model(p, tables_end, value_token_limit(W), true, value_model, "value");
   if (p != tables_end) throw BlockError("frequency tables have trailing bytes");
 
-  if (record.rans_bytes < 4 * kLanes) throw BlockError("rANS stream truncated");
+  if (record.rans_bytes < Lanes::kStateBytes) throw BlockError("rANS stream truncated");
   thread_local PaddedCopy rans_copy, raw_copy;
   const uint8_t* const rans_begin = rans_copy.fill(tables_end, record.rans_bytes, kRansPad);
   const uint8_t* const rans_end = rans_begin + record.rans_bytes;
   const uint8_t* const bits = raw_copy.fill(tables_end + record.rans_bytes, record.bits_bytes, kRawPad);
   const uint64_t bits_total = uint64_t{record.bits_bytes} * 8;
 
-  uint32_t x[kLanes];
-  const uint8_t* ptr = rans_begin;
-  for (int lane = 0; lane < kLanes; ++lane, ptr += 4) {
-    x[lane] = load_le<uint32_t>(ptr);
-    if (x[lane] < kRansLow || x[lane] >= (kRansLow << 8)) throw BlockError("rANS stream has an invalid initial state");
-  }
-  uint32_t x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
-  const SlotTable& gap_slots = gap_table;
-  const SlotTable& value_slots = value_table;
+  Lanes lanes(gap_model, value_model);
+  const uint8_t* ptr = lanes.start(rans_begin);
 
   uint64_t bit_at = 0;
   uint64_t position = record.first_position;
-  std::array<uint8_t, kDecodeChunk> gap_tokens, value_tokens;
+  alignas(64) std::array<uint8_t, kMaxChunk> gap_tokens, value_tokens;
 
   // Change j's base bits, prefetched kGatherLag changes ago.
   const auto gather = [&](uint32_t j) __attribute__((always_inline)) {
@@ -509,38 +624,25 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
     if (bit_at > bits_total) throw BlockError("raw bit stream truncated");
   };
 
-  // Change 0: its position is the record's; only a value token (lane 1).
-  {
-    const uint32_t vt = rans_get(x1, value_slots, ptr);
-    const uint32_t n = kTokenJoin.extra_bits[vt];
-    const uint64_t symbol = kTokenJoin.base[vt] + raw_bits(bits, bit_at, n);
-    bit_at += n;
-    check_raw();
-    positions[0] = static_cast<int64_t>(position);
-    __builtin_prefetch(base + position * W);
-    store_w<W>(new_bits, static_cast<uint32_t>(symbol));
-  }
-  // Chunks start at odd changes, so change i of a chunk uses lanes 2/3 (gap/value) when i is
-  // odd and 0/1 when even, like the encoder.
-  for (uint32_t begin = 1; begin < count; begin += kDecodeChunk) {
-    const uint32_t n = std::min(kDecodeChunk, count - begin);
+  for (uint32_t begin = 0; begin < count;) {
     // Pass 1: tokens.
-    uint32_t k = 0;
-    for (; k + 1 < n; k += 2) {
-      gap_tokens[k] = static_cast<uint8_t>(rans_get(x2, gap_slots, ptr));
-      value_tokens[k] = static_cast<uint8_t>(rans_get(x3, value_slots, ptr));
-      gap_tokens[k + 1] = static_cast<uint8_t>(rans_get(x0, gap_slots, ptr));
-      value_tokens[k + 1] = static_cast<uint8_t>(rans_get(x1, value_slots, ptr));
-    }
-    if (k < n) {
-      gap_tokens[k] = static_cast<uint8_t>(rans_get(x2, gap_slots, ptr));
-      value_tokens[k] = static_cast<uint8_t>(rans_get(x3, value_slots, ptr));
-    }
-    if (ptr > rans_end) throw BlockError("rANS stream truncated");
+    const uint32_t n = lanes.next(begin, count, ptr, gap_tokens.data(), value_tokens.data());
+    if ((begin != 0 || Lanes::kCheckFirstChunk) && ptr > rans_end) throw BlockError("rANS stream truncated");
     // Pass 2: raw bits, positions, value symbols (parked in new_bits until the change's gather).
     int64_t* const chunk_positions = positions + begin;
     uint8_t* const chunk_symbols = new_bits + size_t{begin} * W;
-    for (k = 0; k < n; ++k) {
+    uint32_t k = 0;
+    if (begin == 0) {  // change 0: its position is the record's; only a value token
+      const uint32_t vt = value_tokens[0];
+      const uint32_t value_n = kTokenJoin.extra_bits[vt];
+      const uint64_t symbol = kTokenJoin.base[vt] + raw_bits(bits, bit_at, value_n);
+      bit_at += value_n;
+      positions[0] = static_cast<int64_t>(position);
+      __builtin_prefetch(base + position * W);
+      store_w<W>(new_bits, static_cast<uint32_t>(symbol));
+      k = 1;
+    }
+    for (; k < n; ++k) {
       const uint32_t gt = gap_tokens[k], vt = value_tokens[k];
       const uint32_t gap_n = kTokenJoin.extra_bits[gt], value_n = kTokenJoin.extra_bits[vt];
       uint64_t gap_raw, value_raw;
@@ -568,43 +670,53 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
     }
     check_raw();
     if (begin + n > kGatherLag) apply_until(begin + n - kGatherLag);
+    begin += n;
   }
   for (uint32_t j = count > kGatherLag ? count - kGatherLag : 0; j < count; ++j) gather(j);
   apply_until(count);
-  if (ptr != rans_end || x0 != kRansLow || x1 != kRansLow || x2 != kRansLow || x3 != kRansLow)
-    throw BlockError("rANS stream has trailing bytes or a bad final state");
+  if (ptr != rans_end || !lanes.finished()) throw BlockError("rANS stream has trailing bytes or a bad final state");
   // Everything consumed but < 8 zero padding bits.
   if (bits_total - bit_at >= 8 || (bit_at < bits_total && (bits[bit_at >> 3] >> (bit_at & 7)) != 0))
     throw BlockError("raw bit stream has trailing bytes");
 }
 
+template <uint32_t W>
+void decode_block_version(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base,
+                          uint64_t numel, uint32_t version, int64_t* positions, uint8_t* new_bits, uint8_t* base_bits) {
+  if (version == kFormatVersion2)
+    decode_block_w<W, WordLanes>(record, payload, base, numel, positions, new_bits, base_bits);
+  else
+    decode_block_w<W, ByteLanes>(record, payload, base, numel, positions, new_bits, base_bits);
+}
+
 }  // namespace
 
 BlockRecord encode_block(const int64_t* positions, const uint8_t* new_bits, const uint8_t* base_bits,
-                         uint32_t count, uint32_t width, std::vector<uint8_t>& out) {
+                         uint32_t count, uint32_t width, uint32_t version, std::vector<uint8_t>& out) {
   BlockRecord record;
   record.first_position = static_cast<uint64_t>(positions[0]);
   record.payload_offset = out.size();
   record.count = count;
   switch (width) {
-    case 1: encode_block_w<1>(positions, new_bits, base_bits, count, out, record); break;
-    case 2: encode_block_w<2>(positions, new_bits, base_bits, count, out, record); break;
-    case 4: encode_block_w<4>(positions, new_bits, base_bits, count, out, record); break;
+    case 1: encode_block_w<1>(positions, new_bits, base_bits, count, version, out, record); break;
+    case 2: encode_block_w<2>(positions, new_bits, base_bits, count, version, out, record); break;
+    case 4: encode_block_w<4>(positions, new_bits, base_bits, count, version, out, record); break;
     default: throw BlockError("unsupported element width " + std::to_string(width));
   }
   return record;
 }
 
 void decode_block(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base,
-                  uint64_t numel, uint32_t width, int64_t* positions, uint8_t* new_bits, uint8_t* base_bits) {
+                  uint64_t numel, uint32_t width, uint32_t version, int64_t* positions, uint8_t* new_bits,
+                  uint8_t* base_bits) {
   if (record.count == 0) throw BlockError("block has no changes");
   if (record.first_position >= numel)
     throw BlockError("first position " + std::to_string(record.first_position) + " is outside the tensor (" +
                      std::to_string(numel) + " elements)");
   switch (width) {
-    case 1: decode_block_w<1>(record, payload, base, numel, positions, new_bits, base_bits); break;
-    case 2: decode_block_w<2>(record, payload, base, numel, positions, new_bits, base_bits); break;
-    case 4: decode_block_w<4>(record, payload, base, numel, positions, new_bits, base_bits); break;
+    case 1: decode_block_version<1>(record, payload, base, numel, version, positions, new_bits, base_bits); break;
+    case 2: decode_block_version<2>(record, payload, base, numel, version, positions, new_bits, base_bits); break;
+    case 4: decode_block_version<4>(record, payload, base, numel, version, positions, new_bits, base_bits); break;
     default: throw BlockError("unsupported element width " + std::to_string(width));
   }
 }

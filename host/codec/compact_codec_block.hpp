@@ -20,16 +20,19 @@ struct BlockError : std::runtime_error {
   explicit BlockError(const std::string& what) : std::runtime_error(what) {}
 };
 
-// Encodes `count` >= 1 changes: ascending positions, new and base bits (`width` bytes each).
-// Appends the payload to `out` and returns the record (payload_offset = out.size() before).
+// Encodes `count` >= 1 changes: ascending positions, new and base bits (`width` bytes each), in
+// compact_version `version` (1 or 2). Appends the payload to `out` and returns the record
+// (payload_offset = out.size() before).
 BlockRecord encode_block(const int64_t* positions, const uint8_t* new_bits, const uint8_t* base_bits,
-                         uint32_t count, uint32_t width, std::vector<uint8_t>& out);
+                         uint32_t count, uint32_t width, uint32_t version, std::vector<uint8_t>& out);
 
-// Decodes one block whose payload is `payload` (exactly record.payload_bytes() bytes). `base`
+// Decodes one block of compact_version `version` whose payload is `payload` (exactly
+// record.payload_bytes() bytes). `base`
 // is the whole base tensor (numel elements of `width` bytes). Writes `record.count` positions,
 // new bits and base bits (three distinct buffers). Throws BlockError on any defect (positions
 // are checked against numel before the base is read); the outputs are then unspecified.
 void decode_block(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base,
-                  uint64_t numel, uint32_t width, int64_t* positions, uint8_t* new_bits, uint8_t* base_bits);
+                  uint64_t numel, uint32_t width, uint32_t version, int64_t* positions, uint8_t* new_bits,
+                  uint8_t* base_bits);
 
 }  // namespace deltasync::compact::detail

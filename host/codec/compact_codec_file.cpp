@@ -22,13 +22,22 @@ Container build(std::span<const TensorMeta> tensors, const DeltaView& delta, con
                 const Options& options, std::vector<EncodedTensor> encoded) {
   Container c;
   c.encoded = std::move(encoded);
+  // The file records one compact_version: every tensor must have been coded in it (the GPU
+  // encoder writes version 1 only; a mix would be misread).
+  uint32_t version = options.version;
+  if (!c.encoded.empty()) version = c.encoded.front().version;
+  for (const EncodedTensor& e : c.encoded)
+    if (e.version != version)
+      throw BadInputError("compact delta: tensor " + e.name + " is coded in compact_version " + std::to_string(e.version) +
+                          ", tensor " + c.encoded.front().name + " in " + std::to_string(version));
+  if (!is_known_version(version)) throw BadInputError("compact delta: unknown compact_version " + std::to_string(version));
   for (const EncodedTensor& e : c.encoded) {
     c.tensors.push_back({e.name + std::string(kIndexSuffix), DType::U8, {e.block_index.size()}, e.block_index});
     c.tensors.push_back({e.name + std::string(kDataSuffix), DType::U8, {e.payload.size()}, e.payload});
   }
   // The metadata of every delta layout, plus the codec's own keys.
   c.metadata = delta_metadata("compact delta", tensors, delta, info, "compact");
-  c.metadata["compact_version"] = std::to_string(kFormatVersion);
+  c.metadata["compact_version"] = std::to_string(version);
   c.metadata["compact_block_elements"] = std::to_string(options.block_elements);
   return c;
 }
@@ -100,9 +109,13 @@ CompactFile read_compact_file(const st::File& file, std::span<const TensorMeta> 
   const st::Metadata& md = file.metadata();
   if (!is_compact_delta(file)) throw BadInputError(label + ": not a compact delta (metadata format is not \"compact\")");
   const auto version = md.find("compact_version");
-  if (version == md.end() || version->second != std::to_string(kFormatVersion))
-    throw BadInputError(label + ": unsupported compact_version '" + (version == md.end() ? "" : version->second) +
-                "' (this build reads " + std::to_string(kFormatVersion) + ")");
+  const std::string version_text = version == md.end() ? "" : version->second;
+  uint32_t file_version = 0;
+  if (version_text == std::to_string(kFormatVersion1)) file_version = kFormatVersion1;
+  if (version_text == std::to_string(kFormatVersion2)) file_version = kFormatVersion2;
+  if (file_version == 0)
+    throw BadInputError(label + ": unsupported compact_version '" + version_text + "' (this build reads " +
+                        std::to_string(kFormatVersion1) + " and " + std::to_string(kFormatVersion2) + ")");
 
   out.info = delta_info(md, label);
 
@@ -124,7 +137,7 @@ CompactFile read_compact_file(const st::File& file, std::span<const TensorMeta> 
     const std::string_view name = std::string_view(t.name).substr(0, t.name.size() - kIndexSuffix.size());
     const st::TensorInfo* data = file.find(std::string(name) + std::string(kDataSuffix));
     if (!data) throw BadInputError(label + ": tensor " + t.name + " has no " + std::string(name) + std::string(kDataSuffix));
-    views.push_back({name, file.bytes(t), file.bytes(*data)});
+    views.push_back({name, file.bytes(t), file.bytes(*data), file_version});
   }
 
   // The recorded dtype and shape must be the base's: a delta for another model is refused here.

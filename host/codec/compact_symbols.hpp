@@ -80,4 +80,35 @@ DELTASYNC_HOST_DEVICE inline EncSymbol enc_symbol(uint32_t start, uint32_t freq)
   return e;
 }
 
+// ---- compact_version 2: 32 interleaved lanes, 16-bit renormalization --------------------------
+//
+// Change i of a block codes its tokens in lane i mod 32; all lanes share one stream of 16-bit
+// little-endian words, read in the decode order (per group of 32 changes: the gap round, lanes
+// ascending, then the value round). A state lives in [kWordRansLow, kWordRansLow << 16), so a
+// decode step needs at most one word (htscodecs' "rans32x16" arrangement with 12-bit
+// frequencies): a warp or a SIMD register decodes 32 tokens per step without a serial byte loop.
+inline constexpr uint32_t kWordLanes = 32;
+inline constexpr uint32_t kWordRansLow = 1u << 15;
+
+// The word-wise encoder symbol: the byte-wise one with the renormalization bound for 16-bit
+// words, x_max = ((kWordRansLow >> kScaleBits) << 16) * freq (at most 2^31; x_max2 unused).
+// The reciprocal stays exact: states stay below 2^31.
+DELTASYNC_HOST_DEVICE inline EncSymbol enc_word_symbol(uint32_t start, uint32_t freq) {
+  EncSymbol e = enc_symbol(start, freq);
+  e.x_max = ((kWordRansLow >> kScaleBits) << 16) * freq;
+  e.x_max2 = 0xFFFFFFFFu;
+  return e;
+}
+
+// The decoder's slot entry of the word-wise coder, one 32-bit word per slot so that a SIMD
+// gather or one shared-memory load serves a lane: (freq - 1) | (slot - start) << 12 | symbol << 24.
+DELTASYNC_HOST_DEVICE inline uint32_t word_slot_entry(uint32_t freq, uint32_t offset, uint32_t symbol) {
+  return (freq - 1) | offset << 12 | symbol << 24;
+}
+DELTASYNC_HOST_DEVICE inline uint32_t word_slot_symbol(uint32_t entry) { return entry >> 24; }
+// x -> freq * (x >> 12) + (slot - start): the state after decoding the slot's symbol.
+DELTASYNC_HOST_DEVICE inline uint32_t word_rans_advance(uint32_t x, uint32_t entry) {
+  return ((entry & (kScale - 1)) + 1) * (x >> kScaleBits) + ((entry >> kScaleBits) & (kScale - 1));
+}
+
 }  // namespace deltasync::compact

@@ -1,6 +1,8 @@
 // Kernels of the GPU compact decoder, in launch order (host dispatch: compact_decoder.cu; the
 // block index has already been validated on the host):
 //   1. decode_blocks       one warp per compact block: lane 0 reads the two frequency tables,
+//                          (compact_version 2: the warp decodes, one rANS lane per thread,
+//                          see decode_lanes; version 1 as follows)
 //                          the warp fills the 4096-slot lookup tables in shared memory and
 //                          stages the block's streams there (when they fit), lane 0 decodes
 //                          the rANS stream and the raw bits serially (positions checked
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "codec/compact_format.hpp"  // compact_version
 #include "compact_block_coder.cuh"
 
 namespace deltasync::cuda::detail {
@@ -36,6 +39,7 @@ struct CompactDecodeTask {
   uint32_t bits_bytes;
   uint32_t width;
   uint32_t block_in_tensor;
+  uint32_t version;  // compact_version: 1 (four lanes, byte stream) or 2 (32 lanes, word stream)
 };
 
 enum CompactFault : uint32_t {
@@ -189,7 +193,8 @@ __host__ __device__ inline uint32_t read_tables(const CompactDecodeTask& task, u
                                    value_start, fault);
   }
   if (fault.code == kFaultNone && at != task.table_bytes) fault.code = kFaultTablesTrailing;
-  if (fault.code == kFaultNone && task.rans_bytes < 16) fault.code = kFaultRansTruncated;
+  const uint32_t state_bytes = task.version == compact::kFormatVersion2 ? 4 * compact::kWordLanes : 16;
+  if (fault.code == kFaultNone && task.rans_bytes < state_bytes) fault.code = kFaultRansTruncated;
   return fault.code;
 }
 
@@ -280,6 +285,103 @@ __host__ __device__ inline uint32_t decode_serial(const CompactDecodeTask& task,
   }
 }
 
+#ifdef __CUDACC__
+// compact_version 2, by the whole warp: thread l runs rANS lane l, so a group of 32 changes
+// (change begin + l in lane l) takes one step per round. The shared word stream is split by a
+// ballot: the lanes that refill take consecutive words in lane order, as in the CPU's
+// word_round. Raw-bit offsets are a warp scan of the changes' bit counts; positions a
+// saturating scan of gap + 1, capped at numel - position so that the first change leaving the
+// tensor is found exactly (and nothing overflows). Checks in the CPU's order (WordLanes in
+// compact_codec_block.cpp): per group the tokens, then rANS truncation, then change by change
+// a gap leading outside (a raw-bit truncation if the bits read so far overran), then raw-bit
+// truncation; finally the trailing checks. Every thread returns the same fault.
+__device__ inline uint32_t word_step(uint32_t& x, bool active, const uint32_t* slots, Reader& r, uint32_t lower) {
+  uint32_t symbol = 0;
+  uint32_t y = x;
+  if (active) {
+    const uint32_t e = slots[x & (kScale - 1)];
+    symbol = e & 0xFFu;
+    y = (((e >> 8) & 0xFFFu) + 1) * (x >> kScaleBits) + (e >> 20);
+  }
+  const bool refill = active && y < compact::kWordRansLow;
+  const uint32_t refills = __ballot_sync(0xFFFFFFFFu, refill);
+  if (refill) {
+    const uint32_t at = r.rans_pos + 2 * static_cast<uint32_t>(__popc(refills & lower));
+    y = (y << 16) | r.rans_byte(at) | r.rans_byte(at + 1) << 8;
+  }
+  r.rans_pos += 2 * static_cast<uint32_t>(__popc(refills));
+  x = y;
+  return symbol;
+}
+
+template <class T>
+__device__ inline T warp_inclusive_sum(T v, uint32_t lane) {
+  for (uint32_t d = 1; d < 32; d <<= 1) {
+    const T other = __shfl_up_sync(0xFFFFFFFFu, v, d);
+    if (lane >= d) v += other;
+  }
+  return v;
+}
+
+__device__ inline uint32_t decode_lanes(const CompactDecodeTask& task, const uint8_t* streams,
+                                        const uint32_t* gap_slots, const uint32_t* value_slots,
+                                        CompactBlockFault& fault) {
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  const uint32_t W = task.width;
+  const uint32_t lane = threadIdx.x;
+  const uint32_t lower = (1u << lane) - 1u;
+  Reader r{streams, 4 * compact::kWordLanes, task.rans_bytes, streams + task.rans_bytes, task.bits_bytes};
+  const uint64_t bits_total = uint64_t{task.bits_bytes} * 8;
+  uint32_t x = load_bits(streams + 4 * lane, 4);
+  fault.code = kFaultNone;
+  if (__any_sync(kAll, x < compact::kWordRansLow || x >= (compact::kWordRansLow << 16)))
+    return fault.code = kFaultRansInitialState;
+  uint64_t position = task.first_position;  // the last decoded change's (uniform)
+  uint64_t bit_at = 0;                      // uniform
+  for (uint32_t begin = 0; begin < task.count; begin += compact::kWordLanes) {
+    const uint32_t i = begin + lane;
+    const bool live = i < task.count;
+    const bool has_gap = live && i != 0;
+    const uint32_t gt = word_step(x, has_gap, gap_slots, r, lower);
+    const uint32_t vt = word_step(x, live, value_slots, r, lower);
+    if (r.rans_pos > r.rans_end) return fault.code = kFaultRansTruncated;
+    const uint32_t gap_n = has_gap ? token_extra_bits(gt) : 0, value_n = live ? token_extra_bits(vt) : 0;
+    const uint64_t bits_after = bit_at + warp_inclusive_sum<uint64_t>(gap_n + value_n, lane);  // this change's end
+    const uint64_t my_bit = bits_after - gap_n - value_n;
+    const uint64_t gap = token_base(gt) + r.raw_at(my_bit, gap_n);
+    const uint64_t value_raw = r.raw_at(my_bit + gap_n, value_n);
+    // Steps to this change's position, saturated at cap (= leaving the tensor).
+    const uint64_t cap = task.numel - position;  // >= 1: position < numel
+    uint64_t reach = has_gap ? (gap >= cap - 1 ? cap : gap + 1) : 0;
+    for (uint32_t d = 1; d < 32; d <<= 1) {
+      const uint64_t other = __shfl_up_sync(kAll, reach, d);
+      if (lane >= d) reach = other >= cap - reach ? cap : reach + other;
+    }
+    const uint32_t outside = __ballot_sync(kAll, has_gap && reach == cap);
+    if (outside != 0) {
+      const uint32_t first = static_cast<uint32_t>(__ffs(outside)) - 1;
+      const uint64_t before = __shfl_sync(kAll, reach, first == 0 ? 0 : first - 1);
+      const uint64_t bits_then = __shfl_sync(kAll, bits_after, first);
+      if (bits_then > bits_total) return fault.code = kFaultRawTruncated;
+      fault.a = position + (first == 0 ? 0 : before);
+      fault.b = task.numel;
+      return fault.code = kFaultGapOutside;
+    }
+    if (live) {
+      task.positions[i] = static_cast<int64_t>(position + reach);
+      store_bits(task.new_bits + uint64_t{i} * W, static_cast<uint32_t>(token_base(vt) + value_raw), W);
+    }
+    position += __shfl_sync(kAll, reach, 31);
+    bit_at = __shfl_sync(kAll, bits_after, 31);
+    if (bit_at > bits_total) return fault.code = kFaultRawTruncated;
+  }
+  if (r.rans_pos != r.rans_end || __any_sync(kAll, x != compact::kWordRansLow)) return fault.code = kFaultRansTrailing;
+  const uint64_t left = bits_total - bit_at;
+  if (left >= 8 || (left > 0 && r.raw_at(bit_at, static_cast<uint32_t>(left)) != 0)) return fault.code = kFaultRawTrailing;
+  return fault.code;
+}
+#endif  // __CUDACC__
+
 inline constexpr unsigned kDecodeThreads = 32;
 // Largest rANS + raw-bit area staged in shared memory (beside ~34 KB of tables); a block with
 // more reads its streams from global memory instead.
@@ -324,7 +426,16 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   __syncwarp();
 
-  if (threadIdx.x == 0) {
+  if (task.version == compact::kFormatVersion2) {
+    const uint32_t f = decode_lanes(task, streams, gap_slots, value_slots, fault);  // the same on every thread
+    if (threadIdx.x == 0) {
+      block_fault = f;
+      if (f != kFaultNone) {
+        faults[blockIdx.x] = fault;
+        atomicMin(&status->first_bad_block, blockIdx.x);
+      }
+    }
+  } else if (threadIdx.x == 0) {
     block_fault = decode_serial(task, streams, gap_slots, value_slots, chunk_gap, chunk_value, fault);
     if (block_fault != kFaultNone) {
       faults[blockIdx.x] = fault;

@@ -155,7 +155,8 @@ cudaError_t CompactDecoder::queue(std::span<const compact::ParsedBlockIndex> par
                                      r.rans_bytes,
                                      r.bits_bytes,
                                      width,
-                                     static_cast<uint32_t>(b)};
+                                     static_cast<uint32_t>(b),
+                                     p.version};
         origins.push_back({t, static_cast<uint32_t>(b)});
         first += r.count;
       }

@@ -54,6 +54,9 @@ cudaError_t check_arguments(std::span<const TensorMeta> tensors, const DeviceDel
                             const compact::Options& options) {
   if (options.block_elements == 0 || options.block_elements > (1u << 24))
     return refuse("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
+  // The device encoder codes compact_version 1 only (its output's EncodedTensor::version).
+  if (options.version != compact::kFormatVersion1)
+    return refuse("compact: the GPU encoder writes compact_version 1 only, got " + std::to_string(options.version));
   if (delta.num_tensors != tensors.size())
     return refuse("compact: delta has " + std::to_string(delta.num_tensors) + " tensors, model has " +
                   std::to_string(tensors.size()));

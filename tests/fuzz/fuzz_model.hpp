@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/compact_codec.hpp"
 #include "codec/delta_io.hpp"
 #include "codec/digest.hpp"
 #include "engine/cpu_engine.hpp"
@@ -69,19 +70,37 @@ inline HostModel next_model() {
 
 // A delta from base_model() to next_model() in `format`, with base and result digests, as the
 // publisher writes it.
-inline std::vector<uint8_t> seed_delta(DeltaFormat format) {
-  HostModel base = base_model();
+// The seed change set: base_model() -> next_model(), with the delta's digests.
+struct SeedChanges {
+  HostModel base;
+  SparseDelta delta;
+  DeltaInfo info;
+};
+inline SeedChanges seed_changes() {
+  SeedChanges s{base_model(), {}, {}};
   const HostModel next = next_model();
   std::vector<EncodeItem> items;
-  for (size_t t = 0; t < base.tensors.size(); ++t)
-    items.push_back({base.tensors[t].name, next.data[t].data(), base.data[t].data(), base.tensors[t].numel(), base.tensors[t].width()});
+  for (size_t t = 0; t < s.base.tensors.size(); ++t)
+    items.push_back({s.base.tensors[t].name, next.data[t].data(), s.base.data[t].data(), s.base.tensors[t].numel(),
+                     s.base.tensors[t].width()});
   const std::vector<uint64_t> base_digests = base_model().digests;
-  SparseDelta delta;
-  cpu::encode(items, delta);
-  DeltaInfo info;
+  cpu::encode(items, s.delta);
   integrity::put_delta_digests(
-      info, integrity::delta_digests(base.tensors, delta.view(), base_digests, kNextVersion, kBaseVersion));
-  return serialize_delta(format, base.tensors, delta.view(), info);
+      s.info, integrity::delta_digests(s.base.tensors, s.delta.view(), base_digests, kNextVersion, kBaseVersion));
+  return s;
+}
+
+inline std::vector<uint8_t> seed_delta(DeltaFormat format) {
+  const SeedChanges s = seed_changes();
+  return serialize_delta(format, s.base.tensors, s.delta.view(), s.info);
+}
+
+// The same changes as a compact delta of compact_version `version`.
+inline std::vector<uint8_t> seed_compact_delta(uint32_t version) {
+  const SeedChanges s = seed_changes();
+  compact::Options options;
+  options.version = version;
+  return compact::serialize_compact_delta(s.base.tensors, s.delta.view(), s.info, options);
 }
 
 // next_model() as a one-part anchor of kNextVersion with its digests, as the publisher writes it.

@@ -42,21 +42,54 @@ void model_files() {
   put("safetensors", "anchor.safetensors", anchor);
   put("safetensors", "empty.safetensors", st::serialize({}, {}));
 
-  // The compact delta's encoded tensors, in the block harness's framing.
-  const st::File compact = st::File::from_bytes(fuzz::seed_delta(DeltaFormat::Compact), "seed");
+  const auto compact_v2 = fuzz::seed_compact_delta(compact::kFormatVersion2);
+  put("delta_apply", "delta-compact-v2.safetensors", compact_v2);
+  put("safetensors", "delta-compact-v2.safetensors", compact_v2);
+
+  // The compact deltas' encoded tensors, in the block harness's framing (byte 0: the tensor,
+  // plus 0x80 for compact_version 2).
   const auto meta = fuzz::model_meta();
-  for (size_t t = 0; t < meta.size(); ++t) {
-    const st::TensorInfo* index = compact.find(meta[t].name + ".cindex");
-    const st::TensorInfo* payload = compact.find(meta[t].name + ".cdata");
-    if (!index || !payload) continue;
-    std::vector<uint8_t> framed{static_cast<uint8_t>(t)};
-    const uint32_t n = static_cast<uint32_t>(index->nbytes());
-    for (int b = 0; b < 4; ++b) framed.push_back(static_cast<uint8_t>(n >> (8 * b)));
-    for (auto* part : {index, payload}) {
-      const auto bytes = compact.bytes(*part);
-      framed.insert(framed.end(), bytes.begin(), bytes.end());
+  for (const uint32_t version : {compact::kFormatVersion1, compact::kFormatVersion2}) {
+    const st::File compact = st::File::from_bytes(
+        version == compact::kFormatVersion1 ? fuzz::seed_delta(DeltaFormat::Compact) : compact_v2, "seed");
+    for (size_t t = 0; t < meta.size(); ++t) {
+      const st::TensorInfo* index = compact.find(meta[t].name + ".cindex");
+      const st::TensorInfo* payload = compact.find(meta[t].name + ".cdata");
+      if (!index || !payload) continue;
+      std::vector<uint8_t> framed{static_cast<uint8_t>(t | (version == compact::kFormatVersion2 ? 0x80 : 0))};
+      const uint32_t n = static_cast<uint32_t>(index->nbytes());
+      for (int b = 0; b < 4; ++b) framed.push_back(static_cast<uint8_t>(n >> (8 * b)));
+      for (auto* part : {index, payload}) {
+        const auto bytes = compact.bytes(*part);
+        framed.insert(framed.end(), bytes.begin(), bytes.end());
+      }
+      put("compact_block", (version == compact::kFormatVersion1 ? "block-" : "block-v2-") + std::to_string(t), framed);
     }
-    put("compact_block", "block-" + std::to_string(t), framed);
+  }
+  {  // every element of tensor 0 changed, version 2: full 32-change groups (the SIMD decode path)
+    const HostModel base = fuzz::base_model();
+    const uint64_t n = meta[0].numel();
+    const uint32_t w = meta[0].width();
+    SparseDelta dense;
+    dense.offsets = {0, n, n, n, n};
+    dense.value_offsets = {0, n * w, n * w, n * w, n * w};
+    for (uint64_t i = 0; i < n; ++i) {
+      dense.indices.push_back(static_cast<int64_t>(i));
+      for (uint32_t b = 0; b < w; ++b) {
+        const uint8_t old = base.data[0][i * w + b];
+        dense.base_values.push_back(old);
+        dense.values.push_back(b == 0 ? static_cast<uint8_t>(old ^ (1 + i % 3)) : old);
+      }
+    }
+    compact::Options options;
+    options.version = compact::kFormatVersion2;
+    const auto encoded = compact::encode(meta, dense.view(), options).at(0);
+    std::vector<uint8_t> framed{0x80};
+    const uint32_t len = static_cast<uint32_t>(encoded.block_index.size());
+    for (int b = 0; b < 4; ++b) framed.push_back(static_cast<uint8_t>(len >> (8 * b)));
+    framed.insert(framed.end(), encoded.block_index.begin(), encoded.block_index.end());
+    framed.insert(framed.end(), encoded.payload.begin(), encoded.payload.end());
+    put("compact_block", "block-v2-dense-0", framed);
   }
 
   // The index of the checkpoint folder fuzz_checkpoint_index holds (two shards).
