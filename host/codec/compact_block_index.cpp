@@ -35,11 +35,8 @@ BlockRecord read_record(const uint8_t* in) {
                      load_le<uint32_t>(in + 20), load_le<uint32_t>(in + 24), load_le<uint32_t>(in + 28)};
 }
 
-ParsedBlockIndex parse_block_index(std::span<const uint8_t> block_index, std::span<const uint8_t> payload,
-                                   size_t base_index, uint64_t numel, const std::string& where) {
-  ParsedBlockIndex parsed;
-  parsed.base_index = base_index;
-  parsed.payload = payload;
+BlockRecords read_block_records(std::span<const uint8_t> block_index, uint64_t payload_bytes, uint64_t numel,
+                                const std::string& where) {
   if (block_index.size() < kIndexHeaderBytes)
     throw BadInputError(where + ": block index truncated (" + std::to_string(block_index.size()) + " bytes)");
   const IndexHeader header = read_header(block_index.data());
@@ -47,15 +44,14 @@ ParsedBlockIndex parse_block_index(std::span<const uint8_t> block_index, std::sp
     throw BadInputError(where + ": block index has " + std::to_string(block_index.size()) + " bytes for " +
                 std::to_string(header.num_blocks) + " blocks");
   if (header.changed == 0 || header.num_blocks == 0) throw BadInputError(where + ": block index lists no changes");
-  if (header.changed > numel)
-    throw BadInputError(where + ": " + std::to_string(header.changed) + " changes for a tensor of " + std::to_string(numel) +
-                " elements");
   if (header.block_elements == 0) throw BadInputError(where + ": block index has block_elements 0");
-  if (header.payload_bytes != payload.size())
-    throw BadInputError(where + ": payload has " + std::to_string(payload.size()) + " bytes, block index says " +
+  if (header.payload_bytes != payload_bytes)
+    throw BadInputError(where + ": payload has " + std::to_string(payload_bytes) + " bytes, block index says " +
                 std::to_string(header.payload_bytes));
-  parsed.changed = header.changed;
-  parsed.blocks.resize(header.num_blocks);
+  BlockRecords out;
+  out.changed = header.changed;
+  out.block_elements = header.block_elements;
+  out.blocks.resize(header.num_blocks);
   uint64_t next_offset = 0;
   uint64_t total_count = 0;
   for (uint32_t b = 0; b < header.num_blocks; ++b) {
@@ -67,22 +63,38 @@ ParsedBlockIndex parse_block_index(std::span<const uint8_t> block_index, std::sp
     if (r.payload_offset != next_offset)
       throw BadInputError(block + ": payload offset " + std::to_string(r.payload_offset) + " (expected " +
                   std::to_string(next_offset) + ")");
-    if (r.payload_bytes() > payload.size() - next_offset)
+    if (r.payload_bytes() > payload_bytes - next_offset)
       throw BadInputError(block + ": " + std::to_string(r.payload_bytes()) + " payload bytes run past the end of the payload");
     if (r.first_position >= numel)
       throw BadInputError(block + ": first position " + std::to_string(r.first_position) + " is outside the tensor (" +
                   std::to_string(numel) + " elements)");
-    if (b > 0 && r.first_position <= parsed.blocks[b - 1].first_position)
+    if (b > 0 && r.first_position <= out.blocks[b - 1].first_position)
       throw BadInputError(block + ": first position " + std::to_string(r.first_position) + " is not after the previous block's");
     next_offset += r.payload_bytes();
     total_count += r.count;
-    parsed.blocks[b] = r;
+    out.blocks[b] = r;
   }
-  if (next_offset != payload.size())
-    throw BadInputError(where + ": payload has " + std::to_string(payload.size() - next_offset) + " trailing bytes");
+  if (next_offset != payload_bytes)
+    throw BadInputError(where + ": payload has " + std::to_string(payload_bytes - next_offset) + " trailing bytes");
   if (total_count != header.changed)
     throw BadInputError(where + ": block counts sum to " + std::to_string(total_count) + ", block index says " +
                 std::to_string(header.changed));
+  // Counts sum to `changed` and every block starts inside the tensor at ascending positions, so
+  // this holds unless the blocks' positions run out of the tensor (the decoder checks those).
+  if (header.changed > numel)
+    throw BadInputError(where + ": " + std::to_string(header.changed) + " changes for a tensor of " + std::to_string(numel) +
+                " elements");
+  return out;
+}
+
+ParsedBlockIndex parse_block_index(std::span<const uint8_t> block_index, std::span<const uint8_t> payload,
+                                   size_t base_index, uint64_t numel, const std::string& where) {
+  BlockRecords records = read_block_records(block_index, payload.size(), numel, where);
+  ParsedBlockIndex parsed;
+  parsed.base_index = base_index;
+  parsed.payload = payload;
+  parsed.changed = records.changed;
+  parsed.blocks = std::move(records.blocks);
   return parsed;
 }
 

@@ -45,6 +45,18 @@ struct ParsedBlockIndex {
   std::span<const uint8_t> payload;
 };
 
+// The records of a block index, checked against the size of its payload only: what a reader
+// that has not fetched the payload (a tensor-parallel rank choosing blocks to fetch) and the
+// decoder (parse_block_index) both rely on. Every check of parse_block_index below; throws
+// BadInputError("WHERE: reason").
+struct BlockRecords {
+  uint64_t changed = 0;
+  uint32_t block_elements = 0;
+  std::vector<BlockRecord> blocks;
+};
+BlockRecords read_block_records(std::span<const uint8_t> block_index, uint64_t payload_bytes, uint64_t numel,
+                                const std::string& where);
+
 // Checks everything the index promises before any block is decoded: its size, a nonzero change
 // count no larger than the tensor, blocks of 1..block_elements changes that tile the payload in
 // order, first positions inside the tensor and strictly ascending, counts that sum up. Throws

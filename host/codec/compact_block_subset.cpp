@@ -4,40 +4,6 @@
 
 namespace deltasync::compact {
 
-BlockRecords read_block_records(std::span<const uint8_t> block_index, uint64_t payload_bytes, uint64_t numel,
-                                const std::string& where) {
-  if (block_index.size() < kIndexHeaderBytes)
-    throw BadInputError(where + ": block index truncated (" + std::to_string(block_index.size()) + " bytes)");
-  const IndexHeader header = read_header(block_index.data());
-  if (block_index.size() != kIndexHeaderBytes + uint64_t{header.num_blocks} * kRecordBytes)
-    throw BadInputError(where + ": block index has " + std::to_string(block_index.size()) + " bytes for " +
-                        std::to_string(header.num_blocks) + " blocks");
-  if (header.num_blocks == 0 || header.block_elements == 0) throw BadInputError(where + ": block index lists no blocks");
-  if (header.payload_bytes != payload_bytes)
-    throw BadInputError(where + ": payload has " + std::to_string(payload_bytes) + " bytes, block index says " +
-                        std::to_string(header.payload_bytes));
-  BlockRecords out;
-  out.block_elements = header.block_elements;
-  out.blocks.resize(header.num_blocks);
-  uint64_t next_offset = 0;
-  for (uint32_t b = 0; b < header.num_blocks; ++b) {
-    const BlockRecord r = read_record(block_index.data() + kIndexHeaderBytes + size_t{b} * kRecordBytes);
-    const std::string block = where + ": block " + std::to_string(b);
-    // What the byte ranges to fetch are computed from: each block inside the payload, in order.
-    if (r.payload_offset != next_offset || r.payload_bytes() > payload_bytes - next_offset)
-      throw BadInputError(block + ": payload [" + std::to_string(r.payload_offset) + ", +" + std::to_string(r.payload_bytes()) +
-                          ") does not follow the previous block inside the payload");
-    if (r.first_position >= numel || (b > 0 && r.first_position <= out.blocks[b - 1].first_position))
-      throw BadInputError(block + ": first position " + std::to_string(r.first_position) +
-                          " is outside the tensor or not after the previous block's");
-    next_offset += r.payload_bytes();
-    out.blocks[b] = r;
-  }
-  if (next_offset != payload_bytes)
-    throw BadInputError(where + ": payload has " + std::to_string(payload_bytes - next_offset) + " trailing bytes");
-  return out;
-}
-
 std::vector<uint32_t> blocks_overlapping(std::span<const BlockRecord> blocks, uint64_t numel,
                                          std::span<const ElementSpan> needed) {
   std::vector<uint32_t> out;

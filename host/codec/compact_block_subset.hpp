@@ -19,19 +19,6 @@ struct ElementSpan {
   bool operator==(const ElementSpan&) const = default;
 };
 
-// The records of a block index read without its payload (the reader has not fetched it yet),
-// checked for what selecting and fetching blocks relies on: the index's size, its header's
-// payload size equal to `payload_bytes` (the NAME.cdata entry's size), blocks that tile the payload
-// in order and ascending first positions inside the tensor. The full validation
-// (parse_block_index) runs again on the reduced tensor before any block is decoded. Throws
-// BadInputError("WHERE: reason").
-struct BlockRecords {
-  uint32_t block_elements = 0;
-  std::vector<BlockRecord> blocks;
-};
-BlockRecords read_block_records(std::span<const uint8_t> block_index, uint64_t payload_bytes, uint64_t numel,
-                                            const std::string& where);
-
 // The blocks whose position span overlaps `needed` (sorted, disjoint spans). Block b's changes
 // lie in [first_position[b], first_position[b + 1]) (the last block's up to `numel`), so a block
 // is needed when that span meets a needed span. Ascending block numbers.
