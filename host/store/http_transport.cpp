@@ -354,6 +354,7 @@ Response perform_with_retries(Request request, const StoreOptions& options, cons
   const int attempts = std::max(1, options.retry.max_attempts);
   std::string last_reason;
   int redirects = 0;
+  const std::string first_origin = origin_of(request.url);
   for (int attempt = 1; attempt <= attempts; ++attempt) {
     if (attempt > 1) {
       double cap = std::min(options.retry.max_delay_s, options.retry.base_delay_s * double(1ull << std::min(attempt - 2, 20)));
@@ -380,6 +381,7 @@ Response perform_with_retries(Request request, const StoreOptions& options, cons
       last_reason = describe_failure(response);
       continue;
     }
+    response.from_other_origin = origin_of(request.url) != first_origin;
     return response;
   }
   throw Error(label + ": " + request.method + " failed after " + std::to_string(attempts) +

@@ -47,6 +47,10 @@ struct Response {
   long status = 0;
   std::map<std::string, std::string> headers;  // lowercase names, of the final response
   std::vector<uint8_t> body;
+  // True when perform_with_retries followed a redirect to another origin (a gateway's pre-signed
+  // redirect to a CDN): status, headers and body are the CDN's, so its ETag is not the store's
+  // and the conditional headers of the request never reached the store.
+  bool from_other_origin = false;
   std::string header(const std::string& lower_name) const;
 };
 

@@ -10,7 +10,13 @@
 // The Hugging Face gateway (https://s3.hf.co/NAMESPACE, us-east-1, path-style) differs in
 // three ways handled here: GetObject answers 302/307 to a CDN with a pre-signed URL (followed
 // without credentials, see http::RedirectPolicy), listing is by folder (delimiter "/", so
-// list() walks the folders), and keys obey its rules (gateway_key_error).
+// list() walks the folders), and keys obey its rules (gateway_key_error). It is reached as
+// hf://buckets/NAMESPACE/BUCKET or as s3://BUCKET with AWS_ENDPOINT_URL=https://s3.hf.co/NAMESPACE.
+//
+// Any endpoint set by AWS_ENDPOINT_URL may redirect GETs to pre-signed URLs elsewhere (a gateway
+// in front of a CDN): they are followed without credentials, and once a GET has come back from
+// another origin, the store's ETags (LATEST's compare-and-swap, conditional polls) are taken from
+// HEADs, which the gateway answers itself, never from the CDN's responses.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -56,6 +62,7 @@ struct S3Target {
   http::AwsSigning signing;
   std::string session_token;
   bool hf_gateway = false;  // Hugging Face bucket: folder listing, key rules, pre-signed redirects
+  bool follow_presigned = false;  // an endpoint of the user's: GETs may be redirected to a CDN
 };
 
 // Why the gateway would refuse this key (empty when it is fine): no leading or trailing '/',
@@ -83,7 +90,8 @@ class S3Store final : public Store {
       : url_(target.url), bucket_(target.bucket), prefix_(target.prefix), options_(options),
         bucket_root_(std::move(target.bucket_root)), list_url_(std::move(target.list_url)),
         signing_(std::move(target.signing)), session_token_(std::move(target.session_token)),
-        hf_gateway_(target.hf_gateway) {}
+        hf_gateway_(target.hf_gateway), follow_presigned_(target.hf_gateway || target.follow_presigned),
+        tags_by_head_(target.hf_gateway) {}
 
   std::string url() const override { return url_; }
 
@@ -130,8 +138,9 @@ class S3Store final : public Store {
     auto total = total_from_content_range(r.header("content-range"), describe(key) + ": GET Content-Range total");
     if (!total) fail("GET", key, r);
     if (*total == r.body.size()) return std::move(r.body);
-    // Pin the remaining parts to the version we started reading.
-    std::string etag = r.header("etag");
+    // Pin the remaining parts to the version we started reading (a CDN's tag means nothing to
+    // the store: unpinned then; deltasync's objects are immutable but for LATEST, read whole).
+    std::string etag = r.from_other_origin ? std::string() : r.header("etag");
     return http::fetch_in_parallel(*total, std::move(r.body), options_,
                                    [&](uint64_t offset, uint64_t length) { return range_get(key, offset, length, etag); },
                                    progress_);
@@ -143,11 +152,16 @@ class S3Store final : public Store {
   }
 
   ConditionalGet get_if_changed(const std::string& key, const std::string& etag) override {
-    // The gateway's GET goes on to a CDN whose tags are its own: compare the gateway's (HEAD).
-    if (hf_gateway_) return Store::get_if_changed(key, etag);
+    // A gateway's GET goes on to a CDN whose tags are its own, and the If-None-Match never
+    // reaches the store: compare the gateway's tags (HEAD, then GET when it moved).
+    if (tags_by_head_.load(std::memory_order_relaxed)) return Store::get_if_changed(key, etag);
     std::vector<std::string> headers;
     if (!etag.empty()) headers.push_back("If-None-Match: " + etag);
     auto r = send("GET", object_url(key), key, {}, headers);
+    if (r.from_other_origin) {  // found out now: this endpoint redirects; ask it the HEAD way
+      tags_by_head_.store(true, std::memory_order_relaxed);
+      return Store::get_if_changed(key, etag);
+    }
     if (r.status == 304) return ConditionalGet{false, {}, etag};
     if (r.status == 404) throw NotFoundError(describe(key) + ": no such object");
     if (r.status != 200) fail("GET", key, r);
@@ -244,7 +258,7 @@ class S3Store final : public Store {
     req.url = url;
     req.body = body;
     req.aws = &signing_;
-    req.redirects = hf_gateway_ ? http::RedirectPolicy::PresignedGet : http::RedirectPolicy::SameOrigin;
+    req.redirects = follow_presigned_ ? http::RedirectPolicy::PresignedGet : http::RedirectPolicy::SameOrigin;
     req.sent = &requests_;
     req.headers = std::move(headers);
     req.headers.push_back("x-amz-content-sha256: " + (body.empty() ? std::string(kEmptySha256) : sha256_hex(body)));
@@ -366,6 +380,8 @@ class S3Store final : public Store {
   http::AwsSigning signing_;
   std::string session_token_;
   bool hf_gateway_ = false;
+  bool follow_presigned_ = false;
+  std::atomic<bool> tags_by_head_{false};  // ETags come from HEADs (see the top of this file)
 };
 
 std::string env_first(const char* a, const char* b) {
@@ -429,6 +445,9 @@ std::unique_ptr<Store> open_s3_store(const std::string& url, const StoreOptions&
     t.list_url = t.bucket_root + "/?";
   } else {
     set_path_style_endpoint(t, endpoint, "AWS_ENDPOINT_URL");
+    t.follow_presigned = true;
+    // The Hugging Face gateway addressed as plain S3: its key and listing rules apply too.
+    t.hf_gateway = http::origin_of(endpoint) == "https://s3.hf.co:443";
   }
   t.signing.sigv4 = "aws:amz:" + region + ":s3";
   read_credentials(t, nullptr, nullptr);

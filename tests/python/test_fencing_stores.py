@@ -39,13 +39,18 @@ def quick(env):
     return dict(env, DELTASYNC_STORE_RETRY_BASE_MS="20", DELTASYNC_STORE_RETRIES="3")
 
 
-@pytest.fixture(params=["s3", "hf"])
+@pytest.fixture(params=["s3", "hf", "s3-via-gateway"])
 def target(request, moto_s3, gateway):
-    """(store URL, environment for the CLI and the C++ store, gateway or None)."""
+    """(store URL, environment for the CLI and the C++ store, gateway or None). s3-via-gateway:
+    an s3:// URL whose AWS_ENDPOINT_URL is the redirecting gateway (how S3 tools reach an HF
+    bucket): nothing tells the store in advance that its GETs will come back from a CDN."""
     prefix = f"{request.node.name.split('[')[0]}-{request.param}"
     if request.param == "s3":
         env = quick(dict(moto_s3.env))
         return f"s3://{BUCKET}/{prefix}", env, None
+    if request.param == "s3-via-gateway":
+        env = quick(dict(moto_s3.env, AWS_ENDPOINT_URL=gateway.url))
+        return f"s3://{BUCKET}/{prefix}", env, gateway
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env = quick(dict(env, DELTASYNC_HF_S3_ENDPOINT=gateway.url, DELTASYNC_HF_ACCESS_KEY_ID=moto_s3.key_id,
                      DELTASYNC_HF_SECRET_ACCESS_KEY=moto_s3.secret))
