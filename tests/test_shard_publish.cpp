@@ -903,10 +903,15 @@ std::vector<std::string> adopt_all(World& w, const std::vector<PartReceipt>& rec
     for (size_t i = 0; i < halves.size(); ++i) sums[i] += halves[i];
   }
   const std::vector<uint64_t> digests = join_partials(sums, w.meta.size(), "sums");
+  // A table or rules hash that differs: every rank's table, all-gathered too (the same verdict everywhere).
+  std::vector<std::vector<ShardTensor>> tables;
+  w.gathered_tables = tables_needed(gathered, w.ranks[0]->tensors());
+  if (w.gathered_tables)
+    for (auto& r : w.ranks) tables.push_back(table_from_bytes(table_to_bytes(r->tensors()), "table"));
   std::vector<std::string> verdicts;
   for (auto& r : w.ranks) {
     try {
-      const std::optional<uint64_t> since = r->adopt(gathered, digests);
+      const std::optional<uint64_t> since = r->adopt(gathered, digests, tables);
       verdicts.push_back(since ? "resumed from " + std::to_string(*since) : "nothing to resume");
     } catch (const Error& e) {
       verdicts.push_back(e.what());
@@ -1055,6 +1060,35 @@ TEST(ShardResume, AFailedRankOrADigestMismatchRefusesOnEveryRankWithOneLineWriti
   receipts[1].partials[0] += 1;
   for (const std::string& verdict : adopt_all(again, receipts))
     EXPECT_EQ(verdict.rfind("resume from version 3: tensor layers.0.weight: the ranks' recovered shards sum to digest ", 0), 0u) << verdict;
+}
+
+// A rank whose placements come from no rule (explicit, as plain per-rank tensors with offsets)
+// where the others have Shard(d): its receipt's rules hash differs from rank 0's, so the tables
+// are gathered -- at the resume's all-gather and at every commit -- and the group resumes and
+// publishes on from the placements they list.
+TEST(ShardResume, ARankWithoutRulesResumesAndPublishesThroughTheTables) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) w.step(v);
+    ASSERT_TRUE(w.publish(v).committed);
+  }
+  World restarted(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  restarted.full = w.full;
+  std::vector<ShardTensor> tensors = restarted.ranks[1]->tensors();
+  for (ShardTensor& t : tensors) t.rule = {};  // the same placements, given explicitly
+  restarted.ranks[1] = std::make_unique<ShardPublisher>(restarted.store, tensors, 1, ClaimOutcome{restarted.ranks[0]->fence(), ""},
+                                                        std::make_unique<engine::CpuSyncEngine>(), restarted.ranks[0]->options());
+  EXPECT_EQ(resume_group(restarted), std::vector<std::string>(2, "resumed from 3"));
+  EXPECT_TRUE(restarted.gathered_tables);
+  restarted.step(4);
+  const CommitOutcome out = restarted.publish(4);
+  ASSERT_TRUE(out.committed) << out.error;
+  EXPECT_TRUE(restarted.gathered_tables);
+  EXPECT_FALSE(out.anchor);
+  HostModel follower;
+  Subscriber(*restarted.store).sync(follower);
+  expect_same_bits(follower, restarted);
 }
 
 // A store written before manifest format 3 -- parts naming every tensor of the model in

@@ -388,7 +388,7 @@ RankPlacements rank_placements(const GatheredReceipts& g, const std::string& lab
   using RuleKey = std::tuple<PlacementRule::Kind, uint32_t, uint64_t, std::vector<uint64_t>>;
   std::map<RuleKey, std::optional<size_t>> by_rule;  // nullopt: no rank holds any of it
   std::vector<Placement> per_rank(R);
-  auto rule_pattern = [&](const ShardTensor& x) {
+  auto derive_all = [&](const ShardTensor& x) {  // per_rank: the rule's placements (none without a rule)
     for (size_t r = 0; r < R; ++r) {
       try {
         per_rank[r] = derived(x, receipts[r].coordinate);
@@ -396,7 +396,6 @@ RankPlacements rank_placements(const GatheredReceipts& g, const std::string& lab
         throw BadInputError(label + ": " + names[r] + ": tensor " + x.full.name + ": " + e.what());
       }
     }
-    return protocol::pattern_of(per_rank);
   };
   protocol::TilingChecker tiling(out.placements, names, label);
   size_t next = 0;
@@ -408,12 +407,13 @@ RankPlacements rank_placements(const GatheredReceipts& g, const std::string& lab
                         x.rule.kind == PlacementRule::Kind::kShard ? x.rule.mesh_size : 0, x.full.shape};
       auto [it, fresh] = by_rule.emplace(key, std::nullopt);
       if (fresh) {
-        protocol::PlacementPattern pattern = rule_pattern(x);
+        derive_all(x);
+        protocol::PlacementPattern pattern = protocol::pattern_of(per_rank);
         if (!pattern.empty()) it->second = out.placements.intern(std::move(pattern));
       }
       if (it->second) out.placements.assign(x.full.name, *it->second);
     } else if (has_explicit) {
-      rule_pattern(x);  // fills per_rank with the rule's placements (none without a rule)
+      derive_all(x);
       for (; next < explicit_placements.size() && explicit_placements[next].tensor == t; ++next)
         per_rank[explicit_placements[next].rank] = explicit_placements[next].placement;
       out.placements.set(x.full.name, protocol::pattern_of(per_rank));
