@@ -79,8 +79,10 @@ def publish_sliced(model, store, ranks, version=1):
             specs.append(("offset", list(full[n].shape), lo, 0, 0))
             local.append(flat[lo:hi].clone())
         ranks_out.append((native().ShardPublisher(url, names, local, specs, r, claim, {}, None), local))
-    receipts = [pub.publish_part(version, local, True) for pub, local in ranks_out]
-    outcome = ranks_out[0][0].commit(receipts)
+    parts = [pub.publish_part(version, local, True) for pub, local in ranks_out]  # (receipt, partial halves)
+    receipts = [receipt for receipt, _ in parts]
+    summed = sum(halves for _, halves in parts)  # what the group's reduce would give rank 0
+    outcome = ranks_out[0][0].commit(receipts, summed)
     for pub, _ in ranks_out:
         pub.conclude(outcome)
     if not json.loads(outcome)["committed"]:

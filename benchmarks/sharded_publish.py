@@ -6,13 +6,18 @@
 Each rank holds a Shard(0) DTensor of every weight (FSDP2's layout) and, every step, changes
 about `--changed` of its elements (the same elements in both modes, chosen by a seeded generator
 per rank and step). Then, per version:
-  sharded  deltasync.ShardedDeltaPublisher: every rank encodes and uploads its part; rank 0 gathers
-           the receipts and commits once.
+  sharded  deltasync.ShardedDeltaPublisher: every rank encodes and uploads its part; the partial
+           digests are summed by a reduce (int64 halves), rank 0 gathers the binary receipts and
+           commits once.
   gather   the weights are gathered to rank 0 (full_tensor() over gloo), which publishes them with
            deltasync.DeltaPublisher and waits until the version is visible.
 Measured per version (deltas only; anchors are reported apart): the slowest rank's publish time
-(publish() call to visible), inter-rank bytes (sharded: the gathered receipts plus the broadcast
-outcome; gather: the shard bytes every other rank sends to rank 0) and store bytes written."""
+(publish() call to visible), inter-rank bytes (sharded: the gathered receipts, the partials every
+other rank sends into the reduce, the broadcast outcome; gather: the shard bytes every other rank
+sends to rank 0) and store bytes written. And, at a 1T MoE's tensor count (69,975), how the
+partials travel: a reduce of the int64 halves (16 B per tensor per rank, summed on the way) against
+a gather of the 8-byte partials to rank 0 (8 B per tensor per rank, all of them into rank 0):
+median seconds of 5 and the bytes."""
 from __future__ import annotations
 
 import argparse
@@ -70,8 +75,10 @@ for v in range(steps):
     t0 = time.perf_counter()
     if mode == "sharded":
         o = pub.publish(v)
-        row = {"inter_rank_bytes": o["gathered_bytes"] + len(json.dumps(o)) * (world - 1), "store_bytes": o["delta_bytes"] + o["anchor_bytes"],
-               "anchor": o["anchor"]}
+        outcome = {k: o[k] for k in ("version", "committed", "error", "fenced", "needs_tables", "anchor", "delta_bytes", "anchor_bytes",
+                                     "changed_elements")}
+        row = {"inter_rank_bytes": o["gathered_bytes"] + o["table_bytes"] + (o["reduce_bytes"] + len(json.dumps(outcome))) * (world - 1),
+               "store_bytes": o["delta_bytes"] + o["anchor_bytes"], "anchor": o["anchor"], "receipt_bytes": o["receipt_bytes"]}
     else:
         gathered = {n: p.full_tensor() for n, p in params.items()}
         shard_bytes = sum(p.to_local().numel() * p.to_local().element_size() for p in params.values())
@@ -91,8 +98,27 @@ for v in range(steps):
         row["inter_rank_bytes"] = int(total.item())
     row["seconds"] = time.perf_counter() - t0
     rows.append(row)
+partials = {}
+if mode == "sharded":
+    # The partials of a 1T MoE's 69,975 tensors: reduced as int64 halves, or gathered whole.
+    T = 69975
+    times = {"reduce": [], "gather": []}
+    for _ in range(5):
+        halves = torch.ones(2 * T, dtype=torch.int64)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.reduce(halves, dst=0)
+        times["reduce"].append(time.perf_counter() - t0)
+        mine = torch.ones(T, dtype=torch.int64)
+        got = [torch.empty(T, dtype=torch.int64) for _ in range(world)] if rank == 0 else None
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.gather(mine, got, dst=0)
+        times["gather"].append(time.perf_counter() - t0)
+    partials = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    partials.update(reduce_bytes_per_rank=16 * T, gather_bytes_at_rank0=8 * T * (world - 1))
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-    json.dump(rows, f)
+    json.dump({"rows": rows, "partials": partials}, f)
 dist.barrier()
 dist.destroy_process_group()
 '''
@@ -119,14 +145,17 @@ def run(mode: str, world: int, args, work: Path) -> dict:
     for p in procs:
         if p.wait() != 0:
             raise SystemExit(f"{mode} at {world} ranks failed")
-    per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    files = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    per_rank = [f["rows"] for f in files]
     deltas = [v for v in range(args.steps) if not per_rank[0][v]["anchor"]]
     return {
         "mode": mode, "world": world,
         "seconds": statistics.median(max(per_rank[r][v]["seconds"] for r in range(world)) for v in deltas),
         "inter_rank_bytes": statistics.median(per_rank[0][v]["inter_rank_bytes"] for v in deltas),
+        "receipt_bytes": max(per_rank[r][deltas[0]].get("receipt_bytes", 0) for r in range(world)),
         "store_bytes": statistics.median(per_rank[0][v]["store_bytes"] for v in deltas),
         "anchor_seconds": max(per_rank[r][0]["seconds"] for r in range(world)),
+        "partials": files[0]["partials"],
     }
 
 
@@ -147,11 +176,18 @@ def main():
     model_mb = args.layers * args.dim * args.dim * 2 / 1e6
     lines = [f"model: {args.layers} x bf16[{args.dim}, {args.dim}] = {model_mb:.1f} MB, ~{args.changed:.0%} of elements changed per step, "
              f"{args.steps - 1} delta versions (medians); folder store; gloo processes on one machine",
-             "", "| ranks | mode | publish s (slowest rank) | inter-rank bytes / version | store bytes / version | first anchor s |",
-             "|---|---|---|---|---|---|"]
+             "", "| ranks | mode | publish s (slowest rank) | inter-rank bytes / version | receipt bytes / rank | store bytes / version | "
+             "first anchor s |", "|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['world']} | {r['mode']} | {r['seconds']:.3f} | {int(r['inter_rank_bytes']):,} | {int(r['store_bytes']):,} | "
+        receipt = f"{int(r['receipt_bytes']):,}" if r["mode"] == "sharded" else "-"
+        lines.append(f"| {r['world']} | {r['mode']} | {r['seconds']:.3f} | {int(r['inter_rank_bytes']):,} | {receipt} | {int(r['store_bytes']):,} | "
                      f"{r['anchor_seconds']:.3f} |")
+    lines += ["", "partials of 69,975 tensors (a 1T MoE): reduce of int64 halves vs gather of the 8-byte partials, median of 5",
+              "", "| ranks | reduce s | bytes each rank reduces | gather s | bytes into rank 0 (gather) |", "|---|---|---|---|---|"]
+    for r in results:
+        p = r["partials"]
+        if r["mode"] == "sharded" and p:
+            lines.append(f"| {r['world']} | {p['reduce']:.4f} | {p['reduce_bytes_per_rank']:,} | {p['gather']:.4f} | {p['gather_bytes_at_rank0']:,} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

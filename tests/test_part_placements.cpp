@@ -1,8 +1,10 @@
-// The compact placements of a sharded manifest (format 2, sync/part_placements.hpp): round trip,
-// format 1 still read, overlap and gaps refused with one line, size against the per-part form.
+// The compact placements of a sharded manifest (formats 2 and 3, sync/part_placements.hpp): round
+// trip, formats 1 and 2 still read, overlap and gaps refused with one line, size against the
+// per-part form, patterns kept unexpanded in memory.
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -23,16 +25,18 @@ Manifest sharded(size_t parts, const std::vector<std::pair<std::string, std::fun
   m.base_version = 4;
   m.delta_format = "compact";
   m.latest_anchor = 1;
+  std::vector<std::map<std::string, Placement>> per_part(parts);
   for (size_t k = 0; k < parts; ++k) {
     DeltaPart p;
     p.object = ObjectRef{"deltas/00000000000000000005-00000000000" + std::to_string(k % 10) + "-" + std::to_string(k), 10 + k,
                          std::string(64, 'a')};
     for (const auto& [name, place] : tensors) {
       const Placement pl = place(k);
-      if (!pl.empty()) p.placements[name] = pl;
+      if (!pl.empty()) per_part[k][name] = pl;
     }
     m.delta_parts.push_back(std::move(p));
   }
+  m.part_placements = PartPlacements::from_per_part(per_part);
   return m;
 }
 
@@ -62,7 +66,7 @@ TEST(PartPlacements, RoundTripIsExactAndCompact) {
   const Manifest m = example();
   const std::string text = to_json(m);
   const json j = json::parse(text);
-  EXPECT_EQ(j["format_version"], 2);
+  EXPECT_EQ(j["format_version"], 3);
   for (const auto& part : j["delta_parts"]) EXPECT_FALSE(part.contains("placements"));
   // rows.a and rows.b share one pattern; Shard(0) of 7 rows over 5 is 2+2+2+1+0: two segments.
   EXPECT_EQ(j["part_placements"]["tensors"]["rows.a"], j["part_placements"]["tensors"]["rows.b"]);
@@ -71,12 +75,16 @@ TEST(PartPlacements, RoundTripIsExactAndCompact) {
 
   const Manifest back = manifest_from_json(text, "m");
   ASSERT_EQ(back.delta_parts.size(), m.delta_parts.size());
-  for (size_t k = 0; k < m.delta_parts.size(); ++k) {
-    EXPECT_EQ(back.delta_parts[k].object.key, m.delta_parts[k].object.key);
-    EXPECT_EQ(back.delta_parts[k].placements, m.delta_parts[k].placements) << "part " << k;
-  }
-  EXPECT_EQ(back.delta_parts[4].placements.count("rows.a"), 0u);  // the empty trailing chunk stays absent
+  for (size_t k = 0; k < m.delta_parts.size(); ++k) EXPECT_EQ(back.delta_parts[k].object.key, m.delta_parts[k].object.key);
+  EXPECT_EQ(back.part_placements, m.part_placements);
+  EXPECT_EQ(back.part_placements.per_part()[4].count("rows.a"), 0u);  // the empty trailing chunk stays absent
+  EXPECT_TRUE(back.part_placements.placement("rows.a", 4).empty());
+  EXPECT_EQ(back.part_placements.placement("cols", 1), (Placement{2, 2, 8, 6}));
   EXPECT_EQ(to_json(back), text);
+  // A format 2 manifest (parts that named every tensor) reads the same way.
+  json two = j;
+  two["format_version"] = 2;
+  EXPECT_EQ(manifest_from_json(two.dump(), "m").part_placements, m.part_placements);
 }
 
 TEST(PartPlacements, FormatOneIsStillReadAndWritten) {
@@ -87,11 +95,12 @@ TEST(PartPlacements, FormatOneIsStillReadAndWritten) {
   EXPECT_FALSE(j.contains("part_placements"));
   EXPECT_EQ(j["delta_parts"][1]["placements"]["cols"], json::array({2, 2, 8, 6}));
   const Manifest back = manifest_from_json(old_text, "m");
-  for (size_t k = 0; k < m.delta_parts.size(); ++k) EXPECT_EQ(back.delta_parts[k].placements, m.delta_parts[k].placements);
+  EXPECT_EQ(back.part_placements, m.part_placements);
   EXPECT_EQ(to_json(back), to_json(m));  // re-written compactly
   // A manifest without delta parts stays format 1 (readable by readers that know only that).
   Manifest single = m;
   single.delta_parts.clear();
+  single.part_placements = {};
   single.delta = ObjectRef{"deltas/x", 1, std::string(64, 'b')};
   EXPECT_EQ(json::parse(to_json(single))["format_version"], 1);
 }
@@ -143,7 +152,7 @@ TEST(PartPlacements, MalformedTablesAreRefused) {
   EXPECT_NE(refusal(edited([](json& j) { j.erase("part_placements"); })).find("no part_placements"), std::string::npos);
   EXPECT_NE(refusal(edited([](json& j) { j["delta_parts"][0]["placements"] = json::object(); })).find("its own placements"),
             std::string::npos);
-  EXPECT_NE(refusal(edited([](json& j) { j["format_version"] = 1; })).find("format 2 field"), std::string::npos);
+  EXPECT_NE(refusal(edited([](json& j) { j["format_version"] = 1; })).find("a field of formats 2 and 3"), std::string::npos);
   EXPECT_NE(refusal(edited([](json& j) { j["part_placements"] = json::array(); })).find("part_placements is not"), std::string::npos);
 }
 
@@ -158,7 +167,12 @@ TEST(PartPlacements, ManyShardedTensorsCostAFractionOfThePerPartForm) {
   EXPECT_LT(compact.size() * 20, per_part.size()) << compact.size() << " vs " << per_part.size();
   EXPECT_EQ(json::parse(compact)["part_placements"]["patterns"].size(), 3u);
   const Manifest back = manifest_from_json(compact, "m");
-  for (size_t k = 0; k < P; ++k) EXPECT_EQ(back.delta_parts[k].placements, m.delta_parts[k].placements);
+  EXPECT_EQ(back.part_placements, m.part_placements);
+  // In memory as on the wire: three patterns, one index per tensor, nothing per part.
+  EXPECT_EQ(back.part_placements.patterns().size(), 3u);
+  EXPECT_EQ(back.part_placements.tensors().size(), 300u);
+  for (size_t k = 0; k < P; ++k)
+    EXPECT_EQ(back.part_placements.placement("model.layers.7.w", k), chunk_rows(100 + 900 * (7 % 3), 7, P)(k)) << "part " << k;
 }
 
 }  // namespace

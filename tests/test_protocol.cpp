@@ -119,7 +119,7 @@ TEST(Protocol, ManifestParsingIsStrict) {
   EXPECT_NE(broken(std::string(64, 'a'), std::string(63, 'a') + "Z").find("sha256"), std::string::npos);
   EXPECT_NE(broken("\"deltas/x\"", "\"../etc/passwd\"").find("invalid object key"), std::string::npos);
   EXPECT_NE(broken("\"compact\"", "\"zip\"").find("delta_format"), std::string::npos);
-  EXPECT_NE(broken("\"format_version\": 1", "\"format_version\": 3").find("not supported"), std::string::npos);
+  EXPECT_NE(broken("\"format_version\": 1", "\"format_version\": 4").find("not supported"), std::string::npos);
   EXPECT_NE(error_message([] { manifest_from_json("{", "LABEL"); }).find("not valid JSON"), std::string::npos);
   EXPECT_NE(error_message([] { manifest_from_json("{}", "LABEL"); }).find("format"), std::string::npos);
 }

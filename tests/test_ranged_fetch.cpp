@@ -205,7 +205,7 @@ TEST(RangedPlan, AReceiverOfHalfATensorReadsTheIndexAndOnlyTheBlocksThatMeetItsH
   const st::File file = st::File::from_bytes(s.bytes, "d");
   auto cindex = [&](const std::string& t) { return file.bytes(file.at(t + ".cindex")); };
   ranged::NeededRanges first_half{{"w", {n, {{0, n / 2}}}}};
-  const ranged::ObjectReadPlan plan = ranged::plan_object_reads(h, first_half, nullptr, cindex, "d");
+  const ranged::ObjectReadPlan plan = ranged::plan_object_reads(h, first_half, {}, cindex, "d");
   ASSERT_EQ(plan.blocks.size(), 1u);
   const compact::BlockRecords rec = s.e.records();
   for (uint32_t b : plan.blocks[0].chosen) EXPECT_LT(rec.blocks[b].first_position, n / 2);
@@ -221,12 +221,15 @@ TEST(RangedPlan, AReceiverOfHalfATensorReadsTheIndexAndOnlyTheBlocksThatMeetItsH
   EXPECT_EQ(version_plan[0].bytes(), plan.bytes());
   EXPECT_EQ(version_plan[0].block_chunks, plan.block_chunks);
   // Nothing needed: the header alone.
-  const ranged::ObjectReadPlan none = ranged::plan_object_reads(h, {}, nullptr, cindex, "d");
+  const ranged::ObjectReadPlan none = ranged::plan_object_reads(h, {}, {}, cindex, "d");
   EXPECT_EQ(none.bytes(), h.data_offset);
   EXPECT_EQ(none.requests(), 1u);
   // A part whose placement of the tensor misses the needed half: no index read either.
-  const std::map<std::string, Placement> second_half{{"w", offset_placement(n / 2, n - n / 2)}};
-  EXPECT_TRUE(ranged::plan_index_reads(h, first_half, &second_half, "d").tensors.empty());
+  protocol::PartPlacements halves(2);
+  const Placement both[] = {offset_placement(0, n / 2), offset_placement(n / 2, n - n / 2)};
+  halves.set("w", protocol::pattern_of(both));
+  EXPECT_TRUE(ranged::plan_index_reads(h, first_half, ranged::PartScope{&halves, 1}, "d").tensors.empty());
+  EXPECT_EQ(ranged::plan_index_reads(h, first_half, ranged::PartScope{&halves, 0}, "d").tensors, std::vector<std::string>{"w"});
 }
 
 // ---- two ranks ------------------------------------------------------------------------------
@@ -399,7 +402,11 @@ TEST(RangedSync, TwoRanksFollowingAShardedPublisherReadTheirPartsBlocksOnly) {
       }
       receipts.push_back(trainers[r]->publish_part(v, local, anchor));
     }
-    const CommitOutcome outcome = commit_parts(*store, receipts, trainers[0]->state().last_anchor_version, trainers[0]->fence());
+    std::vector<uint64_t> digests(trainer.meta.size(), 0);  // what the reduce sums
+    for (const auto& r : receipts)
+      for (size_t t = 0; t < digests.size(); ++t) digests[t] += r.partials[t];
+    const CommitOutcome outcome = commit_parts(*store, GatheredReceipts{receipts, digests, trainers[0]->tensors()},
+                                               trainers[0]->state().last_anchor_version, trainers[0]->fence());
     ASSERT_TRUE(outcome.committed) << outcome.error;
     for (auto& t : trainers) t->conclude(outcome);
     auto reports = ranks.sync(*store);

@@ -6,14 +6,19 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
+#include "codec/delta_io.hpp"
 #include "codec/digest.hpp"
 #include "core/placement.hpp"
 #include "engine/cpu_sync_engine.hpp"
 #include "store/sha256.hpp"
 #include "store/store.hpp"
 #include "sync/mapped_receiver.hpp"
+#include "sync/range_hashes.hpp"
 #include "sync/shard_parts.hpp"
 #include "sync/publisher.hpp"
 #include "sync/shard_publish.hpp"
@@ -129,11 +134,15 @@ struct World {
   std::vector<std::unique_ptr<ShardPublisher>> ranks;
   std::shared_ptr<Store> store;
 
-  Placement placement(size_t t, uint64_t rank) const {
-    const uint64_t n = ranks.size();
-    if (layout[t].dim < 0) return rank == 0 ? whole_placement(meta[t].numel()) : Placement{};
-    return shard_placement(meta[t].shape, static_cast<size_t>(layout[t].dim), rank, n);
+  Placement placement(size_t t, uint64_t rank) const { return rule_placement(rule(t, rank), meta[t].shape, rank); }
+  // What a DTensor says: Shard(dim) over the group's mesh, or Replicate(), at the rank's coordinate.
+  PlacementRule rule(size_t t, uint64_t rank) const {
+    if (layout[t].dim < 0) return PlacementRule{PlacementRule::Kind::kReplicate, 0, 0, rank};
+    return PlacementRule{PlacementRule::Kind::kShard, static_cast<uint32_t>(layout[t].dim), ranks.size(), rank};
   }
+  // The last commit: did rank 0 need every rank's table (a second gather), and the receipts' sizes.
+  bool gathered_tables = false;
+  std::vector<size_t> receipt_bytes;
 
   World(std::shared_ptr<Store> s, std::vector<Layout> l, uint64_t world, std::string format, std::string run_id = "",
         bool take_over = false)
@@ -153,7 +162,7 @@ struct World {
     ranks.resize(world);
     for (uint64_t r = 0; r < world; ++r) {
       std::vector<ShardTensor> tensors;
-      for (size_t t = 0; t < meta.size(); ++t) tensors.push_back(ShardTensor{meta[t], placement(t, r)});
+      for (size_t t = 0; t < meta.size(); ++t) tensors.push_back(ShardTensor{meta[t], placement(t, r), rule(t, r)});
       ranks[r] = std::make_unique<ShardPublisher>(store, tensors, r, claim, std::make_unique<engine::CpuSyncEngine>(), o);
     }
   }
@@ -194,12 +203,34 @@ struct World {
     return receipts;
   }
 
-  CommitOutcome publish(uint64_t version) {
-    auto receipts = publish_parts(version);
-    // Through the wire form, as the gather carries them.
+  // Rank 0's commit of `receipts` as the collectives carry them: receipts through their wire form,
+  // partials summed as int64 halves, and -- when the first answer says so -- every rank's table
+  // (`tables`: those tables instead of the ranks' own).
+  CommitOutcome commit(const std::vector<PartReceipt>& receipts, std::optional<uint64_t> latest_anchor,
+                       std::vector<std::vector<ShardTensor>> tables = {}) {
     std::vector<PartReceipt> gathered;
-    for (const auto& r : receipts) gathered.push_back(receipt_from_json(receipt_to_json(r), "receipt"));
-    const CommitOutcome outcome = commit_parts(*store, gathered, ranks[0]->state().last_anchor_version, ranks[0]->fence());
+    std::vector<int64_t> sums(2 * meta.size(), 0);
+    receipt_bytes.clear();
+    for (const auto& r : receipts) {
+      const std::vector<uint8_t> bytes = receipt_to_bytes(r);
+      receipt_bytes.push_back(bytes.size());
+      gathered.push_back(receipt_from_bytes(bytes, "receipt"));
+      const std::vector<int64_t> halves = split_partials(r.partials);
+      for (size_t i = 0; i < halves.size(); ++i) sums[i] += halves[i];
+    }
+    const std::vector<uint64_t> digests = join_partials(sums, meta.size(), "sums");
+    CommitOutcome out = commit_parts(*store, GatheredReceipts{gathered, digests, ranks[0]->tensors()}, latest_anchor, ranks[0]->fence());
+    gathered_tables = out.needs_tables;
+    if (!out.needs_tables) return out;
+    if (tables.empty())
+      for (auto& r : ranks) tables.push_back(r->tensors());
+    std::vector<std::vector<ShardTensor>> wire;
+    for (const auto& t : tables) wire.push_back(table_from_bytes(table_to_bytes(t), "table"));
+    return commit_parts(*store, GatheredReceipts{gathered, digests, ranks[0]->tensors(), wire}, latest_anchor, ranks[0]->fence());
+  }
+
+  CommitOutcome publish(uint64_t version) {
+    const CommitOutcome outcome = commit(publish_parts(version), ranks[0]->state().last_anchor_version);
     const CommitOutcome heard = outcome_from_json(outcome_to_json(outcome), "outcome");
     for (auto& r : ranks) r->conclude(heard);
     return outcome;
@@ -236,6 +267,9 @@ TEST_P(ShardPublish, ReadersStayBitIdenticalAtEveryVersion) {
     if (v > 1) w.step(v);
     const CommitOutcome out = w.publish(v);
     ASSERT_TRUE(out.committed) << out.error;
+    // Rules everywhere: rank 0 derives every placement, no table crosses between the ranks.
+    EXPECT_FALSE(w.gathered_tables);
+    for (size_t bytes : w.receipt_bytes) EXPECT_LT(bytes, 600u);
     protocol::Catalog catalog(*reader_store);
     const protocol::Manifest* m = catalog.find(v);
     ASSERT_NE(m, nullptr);
@@ -278,8 +312,8 @@ TEST(ShardCommit, AFailedRankCommitsNothingAndTheNextVersionIsAnAnchor) {
   ASSERT_TRUE(w.publish(1).committed);
   w.step(2);
   auto receipts = w.publish_parts(2);
-  receipts[2] = failed_receipt(2, 2, "injected failure");
-  const CommitOutcome out = commit_parts(*w.store, receipts, 1, w.ranks[0]->fence());
+  receipts[2] = failed_receipt(2, 2, "injected failure", false, w.meta.size());
+  const CommitOutcome out = w.commit(receipts, 1);
   EXPECT_FALSE(out.committed);
   EXPECT_EQ(out.error, "version 2: rank 2 failed: injected failure");
   for (auto& r : w.ranks) r->conclude(out);
@@ -306,29 +340,77 @@ TEST(ShardCommit, RefusesDisagreeingRanksOverlapsGapsAndMissingParts) {
   ASSERT_TRUE(w.publish(1).committed);
   w.step(2);
   const auto good = w.publish_parts(2);
-  auto refused = [&](std::vector<PartReceipt> receipts) {
-    const CommitOutcome out = commit_parts(*w.store, receipts, 1, w.ranks[0]->fence());
+  auto refused = [&](std::vector<PartReceipt> receipts, std::vector<std::vector<ShardTensor>> tables = {}) {
+    const CommitOutcome out = w.commit(receipts, 1, std::move(tables));
     EXPECT_FALSE(out.committed);
     EXPECT_FALSE(w.store->head(protocol::manifest_key(2)));
+    EXPECT_EQ(out.error.find('\n'), std::string::npos) << out.error;
     return out.error;
   };
-  auto shape = good;
-  shape[1].tensors[0].shape = {11, 6};
-  EXPECT_EQ(refused(shape), "version 2: rank 1 reports tensor layers.0.weight as BF16[11, 6], rank 0 as BF16[10, 6]");
-  auto dtype = good;
-  dtype[1].tensors[2].dtype = DType::BF16;
-  EXPECT_EQ(refused(dtype), "version 2: rank 1 reports tensor layers.2.weight as BF16[6, 9], rank 0 as F32[6, 9]");
+  // A rank whose table differs from rank 0's: its receipt's hash says so, rank 0 gathers every
+  // table in a second round and names the rank and the tensor.
+  auto with_table = [&](size_t rank, const std::function<void(std::vector<ShardTensor>&)>& edit) {
+    std::vector<std::vector<ShardTensor>> tables;
+    for (auto& r : w.ranks) tables.push_back(r->tensors());
+    edit(tables[rank]);
+    auto receipts = good;
+    describe_table(tables[rank], receipts[rank]);  // what that rank's publisher would report
+    const std::string error = refused(receipts, tables);
+    EXPECT_TRUE(w.gathered_tables);
+    return error;
+  };
+  EXPECT_EQ(with_table(1, [](auto& t) { t[0].full.shape = {11, 6}; }),
+            "version 2: rank 1 reports tensor layers.0.weight as BF16[11, 6], rank 0 as BF16[10, 6]");
+  EXPECT_EQ(with_table(1, [](auto& t) { t[2].full.dtype = DType::BF16; }),
+            "version 2: rank 1 reports tensor layers.2.weight as BF16[6, 9], rank 0 as F32[6, 9]");
+  EXPECT_EQ(with_table(1, [](auto& t) { t[1].full.name = "layers.1.bias"; }),
+            "version 2: rank 1 reports tensor layers.1.bias where rank 0 has layers.1.weight");
+  // Another rule on one rank (an explicit offset where rank 0 has Shard(0)): committed from the
+  // tables when the placements tile, refused naming both ranks when they overlap.
+  EXPECT_EQ(with_table(1, [](auto& t) { t[0].placement = offset_placement(24, 36), t[0].rule = {}; }),
+            "version 2: tensor layers.0.weight: rank 0 and rank 1 overlap at position 24");
+  // The same overlap said in the first round: rank 1's receipt gives an explicit placement.
   auto overlap = good;
-  overlap[1].tensors[0].placement = offset_placement(24, 36);  // rank 0 holds 0..29
+  overlap[1].placements = {{0, offset_placement(24, 36)}};
   EXPECT_EQ(refused(overlap), "version 2: tensor layers.0.weight: rank 0 and rank 1 overlap at position 24");
+  EXPECT_FALSE(w.gathered_tables);
   auto gap = good;
-  gap[1].tensors[4].placement = Placement{};  // nobody but rank 0 held it: still whole
-  EXPECT_NO_THROW(manifest_from_receipts(gap, 1));
-  gap[0].tensors[4].placement = Placement{};
+  gap[0].placements = {{4, Placement{}}};  // the replicated tensor: nobody publishes it
   EXPECT_EQ(refused(gap), "version 2: tensor layers.4.weight: no part covers positions 0..6");
   auto missing = good;
   w.store->remove(missing[1].delta->key);
   EXPECT_EQ(refused(missing), "version 2: part " + w.store->describe(missing[1].delta->key) + " of rank 1 is missing from the store");
+}
+
+// A rank that failed is reported before anything else, in the first round (its receipt has no
+// table to compare); a malformed or cut-short receipt is refused with one line.
+TEST(ShardCommit, ReceiptsAreSmallBinaryAndStrict) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 4, "compact");
+  ASSERT_TRUE(w.publish(1).committed);
+  w.step(2);
+  auto receipts = w.publish_parts(2);
+  const PartReceipt& r = receipts[1];
+  EXPECT_TRUE(r.placements.empty()) << "Shard(d) and Replicate() are rules: rank 0 derives them";
+  const std::vector<uint8_t> bytes = receipt_to_bytes(r);
+  const PartReceipt back = receipt_from_bytes(bytes, "receipt");
+  EXPECT_EQ(back.delta->key, r.delta->key);
+  EXPECT_EQ(back.delta->header_sha256, r.delta->header_sha256);
+  EXPECT_EQ(back.changed, r.changed);
+  EXPECT_EQ(back.table_hash, r.table_hash);
+  EXPECT_EQ(back.coordinate, 1u);
+  EXPECT_TRUE(back.partials.empty()) << "partials travel by the reduce";
+  const std::vector<uint8_t> cut(bytes.begin(), bytes.end() - 1);
+  EXPECT_EQ(error_message([&] { receipt_from_bytes(cut, "receipt of rank 1"); }), "receipt of rank 1: the receipt is cut short");
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  EXPECT_EQ(error_message([&] { receipt_from_bytes(longer, "receipt of rank 1"); }), "receipt of rank 1: the receipt has 1 bytes after its end");
+  // Partials summed as halves: a wrap past 2^64 comes back mod 2^64.
+  const std::vector<uint64_t> a{~uint64_t{0}, 5}, b{2, uint64_t{1} << 63};
+  std::vector<int64_t> sums = split_partials(a);
+  const std::vector<int64_t> hb = split_partials(b);
+  for (size_t i = 0; i < sums.size(); ++i) sums[i] += hb[i];
+  EXPECT_EQ(join_partials(sums, 2, "sums"), (std::vector<uint64_t>{1, 5 + (uint64_t{1} << 63)}));
 }
 
 TEST(ShardRead, AnchorSlicesMustMatchTheirDigestsAndTileTheirTensor) {
@@ -564,22 +646,113 @@ TEST(ShardRead, RefusesPartsThatOverlapLeaveAGapOrLeaveTheirPlacement) {
   EXPECT_GT(good.changed_elements, 0u);
   EXPECT_EQ(good.changed_elements, m.changed_elements);
   const std::string name = "layers.0.weight";
-  auto bad = m;
-  bad.delta_parts[1].placements[name] = offset_placement(24, 36);
-  EXPECT_EQ(error_message([&] { combine_delta_parts(bad, files, w.meta, {}); }),
+  // The manifest with part `part`'s placement of `tensor` replaced.
+  auto placed = [&](protocol::Manifest changed, const std::string& tensor, size_t part, const Placement& p) {
+    std::vector<Placement> per_part = protocol::expand(*changed.part_placements.find(tensor), changed.delta_parts.size());
+    per_part[part] = p;
+    changed.part_placements.set(tensor, protocol::pattern_of(per_part));
+    return changed;
+  };
+  EXPECT_EQ(error_message([&] { combine_delta_parts(placed(m, name, 1, offset_placement(24, 36)), files, w.meta, {}); }),
             "version 2: tensor " + name + ": part " + m.delta_parts[0].object.key + " and part " + m.delta_parts[1].object.key +
                 " overlap at position 24");
-  bad = m;
-  bad.delta_parts[1].placements.erase(name);
-  EXPECT_EQ(error_message([&] { combine_delta_parts(bad, files, w.meta, {}); }),
+  EXPECT_EQ(error_message([&] { combine_delta_parts(placed(m, name, 1, Placement{}), files, w.meta, {}); }),
             "version 2: tensor " + name + ": no part covers positions 30..59");
   // Swapped placements: each part's positions lie outside what its entry says it holds.
-  bad = m;
-  std::swap(bad.delta_parts[0].placements, bad.delta_parts[1].placements);
-  const std::string swapped = error_message([&] { combine_delta_parts(bad, files, w.meta, {}); });
+  auto swapped_manifest = m;
+  for (const auto& [tensor, pattern] : m.part_placements.tensors()) {
+    std::vector<Placement> per_part = protocol::expand(m.part_placements.patterns()[pattern], 2);
+    std::swap(per_part[0], per_part[1]);
+    swapped_manifest.part_placements.set(tensor, protocol::pattern_of(per_part));
+  }
+  const std::string swapped = error_message([&] { combine_delta_parts(swapped_manifest, files, w.meta, {}); });
   EXPECT_NE(swapped.find(m.delta_parts[0].object.key + ": changes tensor "), std::string::npos) << swapped;
   EXPECT_NE(swapped.find("outside the placement"), std::string::npos) << swapped;
   // A compact part needs host weights to decode against.
+}
+
+// A part names only the tensors its rank changed (manifest format 3): its tensor table,
+// tensor_shapes, changed_params and digests grow with its changes, not with the model, and a rank
+// that changed nothing uploads a part naming no tensor.
+TEST(ShardRead, PartsNameOnlyTheTensorsTheyChange) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  ASSERT_TRUE(w.publish(1).committed);
+  w.full[0][0] ^= 1;  // one element of layers.0.weight, in rank 0's rows
+  ASSERT_TRUE(w.publish(2).committed);
+  protocol::Catalog catalog(*w.store);
+  const protocol::Manifest m = *catalog.find(2);
+  ASSERT_EQ(m.delta_parts.size(), 2u);
+  EXPECT_EQ(nlohmann::json::parse(to_json(m))["format_version"], 3);
+  const st::File changed = st::File::from_bytes(w.store->get(m.delta_parts[0].object.key), "part 0");
+  const st::File unchanged = st::File::from_bytes(w.store->get(m.delta_parts[1].object.key), "part 1");
+  EXPECT_EQ(changed.tensors().size(), 2u);  // layers.0.weight.cindex and .cdata
+  EXPECT_EQ(changed.metadata().at("changed_params"), "[\"layers.0.weight\"]");
+  EXPECT_EQ(nlohmann::json::parse(changed.metadata().at("tensor_shapes")).size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(changed.metadata().at("base_digests")).size(), 1u);
+  EXPECT_FALSE(changed.metadata().contains(shard_keys::kUnchangedDigests));
+  EXPECT_TRUE(unchanged.tensors().empty());
+  EXPECT_EQ(nlohmann::json::parse(unchanged.metadata().at("tensor_shapes")).size(), 0u);
+  HostModel follower;
+  Subscriber sub(*w.store);
+  sub.sync(follower);
+  expect_same_bits(follower, w);
+}
+
+// The placements stay patterns in memory (never parts x tensors); an overlap is refused when the
+// manifest is read and a tensor its parts leave short when they are combined: both before any
+// byte of the receiver's weights is written.
+TEST(ShardRead, TheUnexpandedManifestRefusesOverlapsAndGapsBeforeAnyByteIsWritten) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  ASSERT_TRUE(w.publish(1).committed);
+  w.step(2);
+  ASSERT_TRUE(w.publish(2).committed);
+  std::vector<std::vector<uint8_t>> memory;
+  std::vector<TensorRef> targets;
+  for (size_t t = 0; t < w.meta.size(); ++t) memory.emplace_back(w.full[t].size(), 0);
+  for (size_t t = 0; t < w.meta.size(); ++t) targets.push_back(TensorRef{w.meta[t].name, memory[t].data(), w.meta[t].numel(), w.meta[t].width()});
+  engine::CpuSyncEngine engine;
+  TensorReceiver receiver(w.meta, targets, engine);
+  ASSERT_EQ(Subscriber(*w.store).sync(receiver).to, 2u);
+  const auto at_two = memory;
+  w.step(3);
+  ASSERT_TRUE(w.publish(3).committed);
+  const std::string key = protocol::manifest_key(3);
+  const std::vector<uint8_t> raw = w.store->get(key);
+  const nlohmann::json good = nlohmann::json::parse(raw.begin(), raw.end());
+  {
+    protocol::Catalog catalog(*w.store);
+    const protocol::Manifest* m = catalog.find(3);
+    // Five tensors, four placement patterns (two tensors cut alike would share one), no per-part maps.
+    EXPECT_LE(m->part_placements.patterns().size(), w.meta.size());
+    EXPECT_EQ(m->part_placements.tensors().size(), w.meta.size());
+  }
+  auto refused = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    const std::string text = j.dump(1);
+    w.store->put(key, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+    Subscriber sub(*w.store);
+    const std::string error = error_message([&] { sub.sync(receiver); });
+    EXPECT_EQ(receiver.version(), 2u);
+    EXPECT_TRUE(memory == at_two) << "bytes were written before the refusal: " << error;
+    return error;
+  };
+  auto pattern_of_tensor = [](nlohmann::json& j, const char* tensor) -> nlohmann::json& {
+    return j["part_placements"]["patterns"][j["part_placements"]["tensors"][tensor].get<size_t>()];
+  };
+  // layers.0.weight, 10 x 6 over 2 ranks: one segment [0, 2, 0, 30, 30, 30, 1].
+  const std::string overlap = refused([&](nlohmann::json& j) { pattern_of_tensor(j, "layers.0.weight")[0][3] = 24; });
+  EXPECT_NE(overlap.find("tensor layers.0.weight: part "), std::string::npos) << overlap;
+  EXPECT_NE(overlap.find("overlap at position 24"), std::string::npos) << overlap;
+  const std::string gap = refused([&](nlohmann::json& j) { pattern_of_tensor(j, "layers.0.weight")[0][1] = 1; });
+  EXPECT_EQ(gap.rfind("version 3: tensor layers.0.weight: no part covers positions 30..59", 0), 0u) << gap;
+  // Put back, the version applies.
+  const std::string text = good.dump(1);
+  w.store->put(key, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  EXPECT_EQ(Subscriber(*w.store).sync(receiver).to, 3u);
+  for (size_t t = 0; t < w.meta.size(); ++t) EXPECT_TRUE(memory[t] == w.full[t]) << w.meta[t].name;
 }
 
 }  // namespace
@@ -657,7 +830,7 @@ TEST(ShardFence, AZombieGroupIsRefusedAndNothingItWritesBecomesVisible) {
   // ... and is partitioned while the run restarts: a new epoch since version 1.
   World restarted(open_store(dir.path().string()), mixed_layout(), 2, "compact", "r");
   EXPECT_EQ(restarted.ranks[0]->fence(), (protocol::Fence{"r", 2, 1}));
-  const CommitOutcome out = commit_parts(*old_group.store, receipts, 1, old_group.ranks[0]->fence());
+  const CommitOutcome out = old_group.commit(receipts, 1);
   EXPECT_FALSE(out.committed);
   EXPECT_TRUE(out.fenced);
   EXPECT_NE(out.error.find("was fenced off"), std::string::npos) << out.error;
@@ -706,11 +879,11 @@ TEST(ShardFence, RanksThatFindTheFenceGoneUploadNothingAndTheCommitIsFenced) {
       receipts.push_back(w.ranks[r]->publish_part(2, refs, false));
       ADD_FAILURE() << "rank " << r << " uploaded past its fence";
     } catch (const protocol::FencedError& e) {
-      receipts.push_back(receipt_from_json(receipt_to_json(w.ranks[r]->failed(2, e.what())), "receipt"));
+      receipts.push_back(w.ranks[r]->failed(2, e.what()));
     }
   }
   EXPECT_EQ(store_bytes(dir.path()), before) << "a fenced-off rank uploaded";
-  const CommitOutcome out = commit_parts(*w.store, receipts, 1, w.ranks[0]->fence());
+  const CommitOutcome out = w.commit(receipts, 1);
   EXPECT_FALSE(out.committed);
   EXPECT_TRUE(out.fenced);
   EXPECT_EQ(out.error.rfind("version 2: rank 0: ", 0), 0u) << out.error;
@@ -719,21 +892,39 @@ TEST(ShardFence, RanksThatFindTheFenceGoneUploadNothingAndTheCommitIsFenced) {
 
 // ---- a restarted group resumes from the store (sync/shard_resume.hpp) -------------------------
 
-// Every rank's recover(), the all-gather (through the wire form), every rank's adopt(): what each
-// rank's adopt() returned, or the one line it threw.
-std::vector<std::string> resume_group(World& w) {
+// The all-gather of the recovery receipts (through the wire form) and the all-reduce of their
+// partials (as int64 halves), then every rank's adopt(): what each returned, or the line it threw.
+std::vector<std::string> adopt_all(World& w, const std::vector<PartReceipt>& receipts) {
   std::vector<PartReceipt> gathered;
-  for (auto& r : w.ranks) gathered.push_back(receipt_from_json(receipt_to_json(r->recover()), "resume receipt"));
+  std::vector<int64_t> sums(2 * w.meta.size(), 0);
+  for (const auto& r : receipts) {
+    gathered.push_back(receipt_from_bytes(receipt_to_bytes(r), "resume receipt"));
+    const std::vector<int64_t> halves = split_partials(r.partials);
+    for (size_t i = 0; i < halves.size(); ++i) sums[i] += halves[i];
+  }
+  const std::vector<uint64_t> digests = join_partials(sums, w.meta.size(), "sums");
+  // A table or rules hash that differs: every rank's table, all-gathered too (the same verdict everywhere).
+  std::vector<std::vector<ShardTensor>> tables;
+  w.gathered_tables = tables_needed(gathered, w.ranks[0]->tensors());
+  if (w.gathered_tables)
+    for (auto& r : w.ranks) tables.push_back(table_from_bytes(table_to_bytes(r->tensors()), "table"));
   std::vector<std::string> verdicts;
   for (auto& r : w.ranks) {
     try {
-      const std::optional<uint64_t> since = r->adopt(gathered);
+      const std::optional<uint64_t> since = r->adopt(gathered, digests, tables);
       verdicts.push_back(since ? "resumed from " + std::to_string(*since) : "nothing to resume");
     } catch (const Error& e) {
       verdicts.push_back(e.what());
     }
   }
   return verdicts;
+}
+
+// Every rank's recover(), then adopt_all.
+std::vector<std::string> resume_group(World& w) {
+  std::vector<PartReceipt> receipts;
+  for (auto& r : w.ranks) receipts.push_back(r->recover());
+  return adopt_all(w, receipts);
 }
 
 class ShardResume : public ::testing::TestWithParam<std::tuple<uint64_t, uint64_t, std::string>> {};
@@ -864,9 +1055,117 @@ TEST(ShardResume, AFailedRankOrADigestMismatchRefusesOnEveryRankWithOneLineWriti
   // Receipts whose partials do not add up to the manifest's digests (a rank that recovered wrong bits).
   w.store->put(key, [&] { bytes[bytes.size() - 3] ^= 1; return bytes; }());
   World again(open_store(dir.path().string()), mixed_layout(), 2, "compact");
-  std::vector<PartReceipt> gathered;
-  for (auto& r : again.ranks) gathered.push_back(receipt_from_json(receipt_to_json(r->recover()), "resume receipt"));
-  gathered[1].tensors[0].digest += 1;
-  for (auto& r : again.ranks)
-    EXPECT_EQ(error_message([&] { r->adopt(gathered); }).rfind("resume from version 3: tensor layers.0.weight: the ranks' recovered shards sum to digest ", 0), 0u);
+  std::vector<PartReceipt> receipts;
+  for (auto& r : again.ranks) receipts.push_back(r->recover());
+  receipts[1].partials[0] += 1;
+  for (const std::string& verdict : adopt_all(again, receipts))
+    EXPECT_EQ(verdict.rfind("resume from version 3: tensor layers.0.weight: the ranks' recovered shards sum to digest ", 0), 0u) << verdict;
 }
+
+// A rank whose placements come from no rule (explicit, as plain per-rank tensors with offsets)
+// where the others have Shard(d): its receipt's rules hash differs from rank 0's, so the tables
+// are gathered -- at the resume's all-gather and at every commit -- and the group resumes and
+// publishes on from the placements they list.
+TEST(ShardResume, ARankWithoutRulesResumesAndPublishesThroughTheTables) {
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  for (uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) w.step(v);
+    ASSERT_TRUE(w.publish(v).committed);
+  }
+  World restarted(open_store(dir.path().string()), mixed_layout(), 2, "compact");
+  restarted.full = w.full;
+  std::vector<ShardTensor> tensors = restarted.ranks[1]->tensors();
+  for (ShardTensor& t : tensors) t.rule = {};  // the same placements, given explicitly
+  restarted.ranks[1] = std::make_unique<ShardPublisher>(restarted.store, tensors, 1, ClaimOutcome{restarted.ranks[0]->fence(), ""},
+                                                        std::make_unique<engine::CpuSyncEngine>(), restarted.ranks[0]->options());
+  EXPECT_EQ(resume_group(restarted), std::vector<std::string>(2, "resumed from 3"));
+  EXPECT_TRUE(restarted.gathered_tables);
+  restarted.step(4);
+  const CommitOutcome out = restarted.publish(4);
+  ASSERT_TRUE(out.committed) << out.error;
+  EXPECT_TRUE(restarted.gathered_tables);
+  EXPECT_FALSE(out.anchor);
+  HostModel follower;
+  Subscriber(*restarted.store).sync(follower);
+  expect_same_bits(follower, restarted);
+}
+
+// A store written before manifest format 3 -- parts naming every tensor of the model in
+// tensor_shapes, with the rank's partials of the tensors it held unchanged (unchanged_digests),
+// under a format 2 manifest -- reads bit-exactly as before, from the version before and from
+// nothing, in both layouts.
+class OldStores : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OldStores, PartsWrittenInTheOldFormAreStillRead) {
+  const std::string format = GetParam();
+  TempDir dir;
+  World w(open_store(dir.path().string()), mixed_layout(), 2, format);
+  ASSERT_TRUE(w.publish(1).committed);
+  HostModel follower;
+  Subscriber sub(*w.store);
+  sub.sync(follower);
+  const std::vector<std::vector<uint8_t>> before = w.full;
+  w.step(2);
+  ASSERT_TRUE(w.publish(2).committed);
+  // Version 2 rewritten as the publisher wrote it before: every part over the whole model.
+  protocol::Catalog catalog(*w.store);
+  protocol::Manifest m = *catalog.find(2);
+  std::vector<ConstTensorRef> base;
+  for (size_t t = 0; t < w.meta.size(); ++t) base.push_back(ConstTensorRef{w.meta[t].name, before[t].data(), w.meta[t].numel(), w.meta[t].width()});
+  for (size_t k = 0; k < m.delta_parts.size(); ++k) {
+    const st::File file = st::File::from_bytes(w.store->get(m.delta_parts[k].object.key), "part");
+    ResolvedDelta resolved;
+    resolve_delta(file, w.meta, base, resolved);
+    const integrity::DeltaDigests promised = *integrity::read_delta_digests(resolved.info, "part");
+    SparseDelta all;  // every tensor of the model, the unchanged ones empty
+    all.offsets.assign(1, 0);
+    all.value_offsets.assign(1, 0);
+    integrity::DigestMap unchanged;
+    for (size_t t = 0; t < w.meta.size(); ++t) {
+      const PatchRef& p = resolved.patches[t];
+      const uint32_t width = w.meta[t].width();
+      for (uint64_t i = 0; i < p.count; ++i) {
+        const uint64_t at = patch_index(p, i);
+        all.indices.push_back(static_cast<int64_t>(at));
+        const auto* v = static_cast<const uint8_t*>(p.values) + i * width;
+        all.values.insert(all.values.end(), v, v + width);
+        all.base_values.insert(all.base_values.end(), before[t].begin() + at * width, before[t].begin() + (at + 1) * width);
+      }
+      all.offsets.push_back(all.indices.size());
+      all.value_offsets.push_back(all.values.size());
+      const Placement held = w.placement(t, k);
+      if (p.count == 0 && !held.empty()) {
+        std::vector<uint8_t> local(held.numel() * width);
+        for (uint64_t i = 0; i < held.numel(); ++i) std::memcpy(&local[i * width], &before[t][held.full_position(i) * width], width);
+        const ConstTensorRef ref{w.meta[t].name, local.data(), held.numel(), width};
+        unchanged.emplace(w.meta[t].name, digest_placed_tensors(std::span(&ref, 1), std::span(&held, 1))[0]);
+      }
+    }
+    DeltaInfo info;
+    integrity::put_delta_digests(info, promised);
+    if (!unchanged.empty()) integrity::put_digest_map(info.extra, shard_keys::kUnchangedDigests, unchanged);
+    const std::vector<uint8_t> old_form = serialize_delta(parse_delta_format(format), w.meta, all.view(), info);
+    m.delta_parts[k].object =
+        ranged::put_delta_object(*w.store, protocol::delta_key(2, protocol::new_nonce()), old_form, parse_delta_format(format));
+    const st::File written = st::File::from_bytes(std::vector<uint8_t>(old_form), "old part");
+    EXPECT_EQ(nlohmann::json::parse(written.metadata().at("tensor_shapes")).size(), w.meta.size());
+  }
+  nlohmann::json text = nlohmann::json::parse(to_json(m));
+  text["format_version"] = 2;
+  const std::string old_manifest = text.dump(1);
+  w.store->put(protocol::manifest_key(2), std::span(reinterpret_cast<const uint8_t*>(old_manifest.data()), old_manifest.size()));
+  // A follower at version 1, and a reader from nothing (anchor 1 then the old-form delta).
+  EXPECT_EQ(sub.sync(follower).to, 2u);
+  expect_same_bits(follower, w);
+  HostModel fresh;
+  auto reader_store = open_store(dir.path().string());
+  Subscriber(*reader_store).sync(fresh);
+  expect_same_bits(fresh, w);
+  // A group resuming from it reads the old parts too.
+  World restarted(open_store(dir.path().string()), mixed_layout(), 2, format);
+  restarted.full = w.full;
+  EXPECT_EQ(resume_group(restarted), std::vector<std::string>(2, "resumed from 2"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, OldStores, ::testing::Values("compact", "trl"));

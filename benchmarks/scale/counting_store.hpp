@@ -88,6 +88,8 @@ class CountingStore final : public Store {
   void remove(const std::string& key) override { objects_.erase(key); }
 
   uint64_t size_of(const std::string& key) const { return objects_.at(key).size; }
+  // An object's bytes without a request (what the model's own measures look at).
+  std::span<const uint8_t> bytes_of(const std::string& key) const { return find(key).bytes; }
 
  private:
   struct Object {

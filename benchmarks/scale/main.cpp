@@ -1,18 +1,23 @@
-// deltasync-scale-model: the real sharded publisher, receipts, commit, manifest and catch-up
-// planning on the tensor table of a 1T-parameter MoE (benchmarks/scale/model_table.hpp), with the
-// trailing dimensions scaled down so it runs on one small machine.
+// deltasync-scale-model: the real sharded publisher, receipts, commit, manifest, catch-up planning
+// and ranged read planning on the tensor table of a 1T-parameter MoE
+// (benchmarks/scale/model_table.hpp), with the trailing dimensions scaled down so it runs on one
+// small machine.
 //
 // What is real: every trainer rank is a ShardPublisher (CPU engine) over its FSDP2 Shard(0)
-// placements, encoding and uploading its own delta part; receipts go through receipt_to_json /
-// receipt_from_json; rank 0 commits with commit_parts (manifest_from_receipts, tiling checks,
-// commit_version); the manifest is written and parsed by the protocol's code; a subscriber plans
-// with Catalog + plan_catch_up.
+// placements (rule Shard(0) over the ranks' mesh), encoding and uploading its own delta part;
+// receipts go through receipt_to_bytes / receipt_from_bytes and the partials through the reduce's
+// int64 halves (split_partials / join_partials); rank 0 commits with commit_parts (placements
+// derived from the rules, tiling checks, commit_version); the manifest is written and parsed by the
+// protocol's code; a subscriber plans with Catalog + plan_catch_up; each receiver rank plans its
+// ranged reads with ranged::plan_delta_reads from the parts' sealed headers (read from the store)
+// and block indexes.
 // What is simulated: the ranks run one after another in this process (each rank's publisher lives
 // for its two versions, then goes: 256 publishers at once would hold 256 copies of the table);
-// the gather is files on disk; rank r concludes version 1 with the outcome rank 0 computes only
-// after every rank ran (checked to match); the store is in memory and keeps only the sizes of the
-// anchor objects; a receiver rank's byte planning is a stand-in (parts_overlapping below) until the
-// ranged planner lands.
+// the gather is files on disk and the reduce a sum in this process; rank r concludes version 1
+// with the outcome rank 0 computes only after every rank ran (checked to match); the store is in
+// memory and keeps only the sizes of the anchor objects. --manifest-only publishes nothing: every
+// rank's receipt is made from its table (describe_table) with placeholder objects, so rank 0's
+// commit, the manifest and the placement side of planning run at the full table.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -30,7 +35,10 @@
 #include "engine/cpu_sync_engine.hpp"
 #include "scale/counting_store.hpp"
 #include "scale/model_table.hpp"
+#include "format/safetensors.hpp"
 #include "sync/protocol.hpp"
+#include "sync/range_hashes.hpp"
+#include "sync/ranged_plan.hpp"
 #include "sync/shard_publish.hpp"
 
 namespace sm = deltasync::scale_model;
@@ -45,8 +53,8 @@ struct Options {
   uint64_t replicas = 64;
   double changed = 0.01;
   bool per_part_form = true;  // also write and parse the manifest in format 1 (costs memory)
-  // No publishing: the manifest of the ranks' placements (what their receipts would report), with
-  // part sizes of realistic-cpu's 1.236 B per change, committed and measured like a published one.
+  // No publishing: every rank's receipt from its table with placeholder objects (part sizes of
+  // realistic-cpu's 1.236 B per change), committed and measured like a published version.
   bool manifest_only = false;
   std::string work = "/tmp/deltasync-scale-model";
 };
@@ -80,26 +88,32 @@ bool changed_at(uint64_t tensor, uint64_t position, uint64_t threshold) {
   return mix(mix(tensor * 0x100000001b3ull ^ position) ^ 0x5eed) < threshold;
 }
 
-// Stand-in for the ranged planner: true when a part's placement of a tensor and the positions a
-// receiver rank holds share a position (both are strided runs).
-bool overlaps(const Placement& a, const Placement& b) {
-  if (a.empty() || b.empty()) return false;
-  const Placement& few = a.run_count <= b.run_count ? a : b;
-  const Placement& many = a.run_count <= b.run_count ? b : a;
-  for (uint64_t r = 0; r < few.run_count; ++r) {
-    const uint64_t lo = few.first + r * few.run_stride, hi = lo + few.run_length;
-    if (hi <= many.first || lo >= many.end()) continue;
-    const uint64_t k = lo > many.first ? (lo - many.first) / many.run_stride : 0;
-    const uint64_t b0 = many.first + k * many.run_stride;
-    if (b0 < hi && b0 + many.run_length > lo) return true;
-    if (k + 1 < many.run_count && many.first + (k + 1) * many.run_stride < hi) return true;
-  }
-  return false;
+std::vector<uint8_t> read_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+void write_bytes(const std::filesystem::path& p, std::span<const uint8_t> bytes) {
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Rank r's table: every tensor under FSDP2's Shard(0) over the ranks, as a DTensor says it.
+std::vector<ShardTensor> rank_tensors(const std::vector<sm::ModelTensor>& table, uint64_t r, uint64_t ranks) {
+  std::vector<ShardTensor> out;
+  out.reserve(table.size());
+  for (const auto& t : table) {
+    const PlacementRule rule{PlacementRule::Kind::kShard, 0, ranks, r};
+    out.push_back(ShardTensor{t.meta, rule_placement(rule, t.meta.shape, r), rule});
+  }
+  return out;
+}
+
+// The flat elements of a placement as sorted spans (what a receiver rank needs of a tensor).
+ranged::NeededTensor needed_of(const Placement& p, uint64_t numel) {
+  ranged::NeededTensor n{numel, {}};
+  for (uint64_t r = 0; r < p.run_count; ++r) n.spans.push_back({p.first + r * p.run_stride, p.first + r * p.run_stride + p.run_length});
+  n.spans = ranged::merge_spans(std::move(n.spans));
+  return n;
 }
 
 std::string gb(double bytes) {
@@ -135,42 +149,22 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// --manifest-only: versions 1 (anchor) and 2 (delta) committed from the placements every rank
-// would report, without publishing (the real manifest writer, commit_version and readers).
-void commit_synthetic(const Options& o, const std::vector<sm::ModelTensor>& table, Store& store, const protocol::Fence& fence) {
-  protocol::Manifest a;
-  a.version = 1;
-  a.latest_anchor = 1;
-  a.digest_algorithm = "sum-mix64-v1";
-  a.fence = fence;
-  protocol::Manifest d = a;
-  d.version = 2;
-  d.base_version = 1;
-  d.delta_format = "compact";
-  for (const auto& t : table) {
-    a.digests[t.meta.name] = d.digests[t.meta.name] = "0123456789abcdef";
-    a.total_elements += t.meta.numel();
+// What the gather and the reduce carry for one version: every rank's receipt (written where rank 0
+// reads it) and the sums of the partials' int64 halves.
+struct Round {
+  uint64_t version = 0;
+  std::vector<int64_t> sums;
+  std::vector<uint64_t> receipt_bytes;  // per rank
+};
+
+// Two manifests' placements say the same per tensor (pattern indices may be numbered otherwise).
+bool same_placements(const protocol::PartPlacements& a, const protocol::PartPlacements& b) {
+  if (a.parts() != b.parts() || a.tensors().size() != b.tensors().size()) return false;
+  for (const auto& [name, index] : a.tensors()) {
+    const protocol::PlacementPattern* other = b.find(name);
+    if (!other || *other != a.patterns()[index]) return false;
   }
-  d.total_elements = a.total_elements;
-  a.model_bytes = d.model_bytes = 2 * a.total_elements;
-  const std::string sha(64, '0');
-  for (uint64_t r = 0; r < o.ranks; ++r) {
-    a.anchor_parts.push_back(protocol::ObjectRef{protocol::anchor_part_key(1, "000000000000", r), a.model_bytes / o.ranks, sha});
-    protocol::DeltaPart part;
-    uint64_t held = 0;
-    for (const auto& t : table) {
-      const Placement pl = shard_placement(t.meta.shape, 0, r, o.ranks);
-      if (pl.empty()) continue;
-      part.placements.emplace(t.meta.name, pl);
-      held += pl.numel();
-    }
-    if (part.placements.empty()) continue;
-    const uint64_t changes = static_cast<uint64_t>(held * o.changed);
-    d.changed_elements += changes;
-    part.object = protocol::ObjectRef{protocol::delta_key(2, protocol::new_nonce()), static_cast<uint64_t>(changes * 1.236), sha};
-    d.delta_parts.push_back(std::move(part));
-  }
-  if (!protocol::commit_version(store, a) || !protocol::commit_version(store, d)) throw Error("synthetic versions already exist");
+  return true;
 }
 
 int run(const Options& o) {
@@ -198,75 +192,115 @@ int run(const Options& o) {
   if (!claim.fence) throw Error("claim refused: " + claim.error);
   const std::string claim_json = claim_to_json(claim);
 
-  std::vector<double> publish_s(o.ranks), encode_bytes(o.ranks);
-  std::vector<uint64_t> receipt_bytes(o.ranks);
-  uint64_t v2_changed = 0;
-  double publish_total_s = 0, p1 = 0, c1 = 0, p2 = 0, c2 = 0;
-  CommitOutcome v2;
-  if (o.manifest_only) {
-    commit_synthetic(o, table, *store, *claim.fence);
-  } else {
-  // 1. Every trainer rank: version 1 (anchor), then version 2 (delta), its receipts to "rank 0".
-  CommitOutcome predicted_v1;
-  predicted_v1.version = 1;
-  predicted_v1.committed = true;
-  predicted_v1.anchor = true;
+  Round rounds[2] = {{1, std::vector<int64_t>(2 * T, 0), {}}, {2, std::vector<int64_t>(2 * T, 0), {}}};
+  auto gather = [&](Round& round, uint64_t rank, const PartReceipt& receipt) {
+    const std::vector<uint8_t> bytes = receipt_to_bytes(receipt);
+    round.receipt_bytes.push_back(bytes.size());
+    write_bytes(o.work + "/v" + std::to_string(round.version) + "-" + std::to_string(rank) + ".bin", bytes);
+    const std::vector<int64_t> halves = split_partials(receipt.partials);
+    for (size_t i = 0; i < halves.size(); ++i) round.sums[i] += halves[i];
+  };
+  std::vector<double> publish_s(o.ranks);
+  double publish_total_s = 0;
   const double t_publish = now_s();
-  for (uint64_t r = 0; r < o.ranks; ++r) {
-    std::vector<ShardTensor> tensors;
-    tensors.reserve(T);
-    for (const auto& t : table) tensors.push_back(ShardTensor{t.meta, shard_placement(t.meta.shape, 0, r, o.ranks)});
-    std::vector<std::vector<uint16_t>> local(T);
-    std::vector<ConstTensorRef> refs(T);
-    auto fill = [&](uint64_t version) {
-      for (size_t t = 0; t < T; ++t) {
-        const Placement& pl = tensors[t].placement;
-        local[t].resize(pl.numel());
-        for (uint64_t i = 0; i < pl.numel(); ++i) local[t][i] = bits_at(t, pl.full_position(i), version, threshold);
-        refs[t] = ConstTensorRef{table[t].meta.name, local[t].data(), pl.numel(), 2};
+  if (o.manifest_only) {
+    // 1'. Every rank's receipts from its table, with placeholder objects of the sizes its part
+    // would have (1.236 B per change, realistic-cpu.md) and synthetic partials.
+    const std::string sha(64, '0');
+    const std::vector<uint8_t> placeholder{'x'};
+    for (uint64_t r = 0; r < o.ranks; ++r) {
+      const std::vector<ShardTensor> tensors = rank_tensors(table, r, o.ranks);
+      PartReceipt base;
+      base.rank = r;
+      base.delta_format = "compact";
+      describe_table(tensors, base);
+      base.partials.assign(T, 0);
+      uint64_t held = 0;
+      for (size_t t = 0; t < T; ++t)
+        if (!tensors[t].placement.empty()) {
+          held += tensors[t].placement.numel();
+          base.partials[t] = mix(t * 0x10001 + r);
+        }
+      store->act_as("rank " + std::to_string(r) + " v1");
+      PartReceipt v1 = base;
+      v1.version = 1;
+      v1.anchor = true;
+      const std::string anchor_key = protocol::anchor_part_key(1, protocol::new_nonce(), r);
+      store->put(anchor_key, placeholder);
+      v1.anchor_parts.push_back(protocol::ObjectRef{anchor_key, 2 * held, sha});
+      gather(rounds[0], r, v1);
+      store->act_as("rank " + std::to_string(r) + " v2");
+      PartReceipt v2 = base;
+      v2.version = 2;
+      v2.base_version = 1;
+      v2.changed = static_cast<uint64_t>(held * o.changed);
+      if (held) {
+        const std::string key = protocol::delta_key(2, protocol::new_nonce());
+        store->put(key, placeholder);
+        v2.delta = protocol::ObjectRef{key, static_cast<uint64_t>(v2.changed * 1.236), sha};
       }
-    };
-    store->act_as("rank " + std::to_string(r) + " v1");
-    ShardPublisher pub(store, tensors, r, claim_from_json(claim_json, "claim"), std::make_unique<engine::CpuSyncEngine>(), popts);
-    fill(1);
-    const PartReceipt r1 = pub.publish_part(1, refs, pub.anchor_due(1));
-    std::ofstream(o.work + "/v1-" + std::to_string(r) + ".json") << receipt_to_json(r1);
-    pub.conclude(predicted_v1);
-    fill(2);
-    store->act_as("rank " + std::to_string(r) + " v2");
-    const double t0 = now_s();
-    const PartReceipt r2 = pub.publish_part(2, refs, pub.anchor_due(2));
-    publish_s[r] = now_s() - t0;
-    if (r2.anchor) throw Error("rank " + std::to_string(r) + ": version 2 came out as an anchor");
-    const std::string j2 = receipt_to_json(r2);
-    receipt_bytes[r] = j2.size();
-    std::ofstream(o.work + "/v2-" + std::to_string(r) + ".json") << j2;
-    for (const auto& x : r2.tensors) v2_changed += x.changed;
-    if ((r + 1) % 32 == 0) std::fprintf(stderr, "rank %llu published (%.0f s)\n", (unsigned long long)r, now_s() - t_publish);
+      gather(rounds[1], r, v2);
+    }
+  } else {
+    // 1. Every trainer rank: version 1 (anchor), then version 2 (delta), its receipts to "rank 0".
+    CommitOutcome predicted_v1;
+    predicted_v1.version = 1;
+    predicted_v1.committed = true;
+    predicted_v1.anchor = true;
+    for (uint64_t r = 0; r < o.ranks; ++r) {
+      const std::vector<ShardTensor> tensors = rank_tensors(table, r, o.ranks);
+      std::vector<std::vector<uint16_t>> local(T);
+      std::vector<ConstTensorRef> refs(T);
+      auto fill = [&](uint64_t version) {
+        for (size_t t = 0; t < T; ++t) {
+          const Placement& pl = tensors[t].placement;
+          local[t].resize(pl.numel());
+          for (uint64_t i = 0; i < pl.numel(); ++i) local[t][i] = bits_at(t, pl.full_position(i), version, threshold);
+          refs[t] = ConstTensorRef{table[t].meta.name, local[t].data(), pl.numel(), 2};
+        }
+      };
+      store->act_as("rank " + std::to_string(r) + " v1");
+      ShardPublisher pub(store, tensors, r, claim_from_json(claim_json, "claim"), std::make_unique<engine::CpuSyncEngine>(), popts);
+      fill(1);
+      gather(rounds[0], r, pub.publish_part(1, refs, pub.anchor_due(1)));
+      pub.conclude(predicted_v1);
+      fill(2);
+      store->act_as("rank " + std::to_string(r) + " v2");
+      const double t0 = now_s();
+      const PartReceipt r2 = pub.publish_part(2, refs, pub.anchor_due(2));
+      publish_s[r] = now_s() - t0;
+      if (r2.anchor) throw Error("rank " + std::to_string(r) + ": version 2 came out as an anchor");
+      gather(rounds[1], r, r2);
+      if ((r + 1) % 32 == 0) std::fprintf(stderr, "rank %llu published (%.0f s)\n", (unsigned long long)r, now_s() - t_publish);
+    }
   }
   publish_total_s = now_s() - t_publish;
 
-  // 2. Rank 0 commits version 1, then version 2, from the receipts as they arrive over the wire.
-  auto commit = [&](uint64_t v, std::optional<uint64_t> latest_anchor, double& parse_s, double& commit_s) {
+  // 2. Rank 0 commits version 1, then version 2, from the receipts as they arrive over the wire
+  // and the reduced partials; its own table is the model's.
+  const std::vector<ShardTensor> mine = rank_tensors(table, 0, o.ranks);
+  double p1 = 0, c1 = 0, p2 = 0, c2 = 0;
+  auto commit = [&](Round& round, std::optional<uint64_t> latest_anchor, double& parse_s, double& commit_s) {
     std::vector<PartReceipt> receipts;
     receipts.reserve(o.ranks);
     const double t0 = now_s();
     for (uint64_t r = 0; r < o.ranks; ++r) {
-      const std::string path = o.work + "/v" + std::to_string(v) + "-" + std::to_string(r) + ".json";
-      receipts.push_back(receipt_from_json(read_text(path), path));
+      const std::string path = o.work + "/v" + std::to_string(round.version) + "-" + std::to_string(r) + ".bin";
+      receipts.push_back(receipt_from_bytes(read_bytes(path), path));
     }
+    const std::vector<uint64_t> digests = join_partials(round.sums, T, "reduced partials");
     const double t1 = now_s();
-    store->act_as("commit v" + std::to_string(v));
-    CommitOutcome out = commit_parts(*store, receipts, latest_anchor, *claim.fence);
+    store->act_as("commit v" + std::to_string(round.version));
+    CommitOutcome out = commit_parts(*store, GatheredReceipts{receipts, digests, mine}, latest_anchor, *claim.fence);
     parse_s = t1 - t0;
     commit_s = now_s() - t1;
-    if (!out.committed) throw Error("commit of version " + std::to_string(v) + " failed: " + out.error);
+    if (out.needs_tables) throw Error("commit of version " + std::to_string(round.version) + ": rank 0 needed every rank's table");
+    if (!out.committed) throw Error("commit of version " + std::to_string(round.version) + " failed: " + out.error);
     return out;
   };
-  const CommitOutcome v1 = commit(1, std::nullopt, p1, c1);
+  const CommitOutcome v1 = commit(rounds[0], std::nullopt, p1, c1);
   if (!v1.anchor || v1.delta_bytes != 0) throw Error("version 1's outcome differs from the one the ranks concluded with");
-  v2 = commit(2, 1, p2, c2);
-  }
+  const CommitOutcome v2 = commit(rounds[1], 1, p2, c2);
   const double rss_after_commit = peak_rss_gb();
   const uint64_t outcome_bytes = outcome_to_json(v2).size();
   const uint64_t manifest_bytes = store->size_of(protocol::manifest_key(2));
@@ -282,8 +316,10 @@ int run(const Options& o) {
   const std::string rewritten = protocol::to_json(*m);
   const double write_compact_s = now_s() - t0;
   if (rewritten.size() != text.size()) throw Error("the parsed manifest writes back to other bytes");
-  uint64_t entries = 0;
-  for (const auto& p : m->delta_parts) entries += p.placements.size();
+  uint64_t entries = 0;  // (part, tensor) placements the patterns stand for
+  for (const auto& [name, index] : m->part_placements.tensors())
+    for (const auto& seg : m->part_placements.patterns()[index]) entries += seg.count;
+  const size_t patterns = m->part_placements.patterns().size();
   uint64_t per_part_bytes = 0;
   double write_per_part_s = 0, parse_per_part_s = 0;
   if (o.per_part_form) {
@@ -291,11 +327,12 @@ int run(const Options& o) {
     std::string old_text = protocol::to_json(*m, protocol::PlacementForm::kPerPart);
     write_per_part_s = now_s() - t0;
     per_part_bytes = old_text.size();
+    const protocol::PartPlacements committed = m->part_placements;
     m.reset();  // one parsed manifest at a time
     t0 = now_s();
     m = protocol::manifest_from_json(old_text, "manifest 2 (format 1)");
     parse_per_part_s = now_s() - t0;
-    if (protocol::to_json(*m) != text) throw Error("format 1 read back other placements");
+    if (!same_placements(m->part_placements, committed)) throw Error("format 1 read back other placements");
   }
   const double rss_after_manifest = peak_rss_gb();
 
@@ -309,109 +346,160 @@ int run(const Options& o) {
   const auto plan_fresh = protocol::plan_catch_up(catalog, std::nullopt, 2);
   const double plan_fresh_s = now_s() - t0;
   if (!plan_follow || plan_follow->deltas != std::vector<uint64_t>{2}) throw Error("a follower at 1 should plan delta 2 only");
+  const protocol::Manifest& m2 = *catalog.find(2);
+  const std::vector<protocol::ObjectRef> objects = protocol::delta_objects(m2);
 
-  // 5. Each receiver rank's needed parts (stand-in planner: parts whose placements overlap the
-  // rank's TP/EP positions) and the changes inside its positions (what a ranged fetch must carry).
-  std::unordered_map<std::string_view, size_t> index;
-  for (size_t t = 0; t < T; ++t) index.emplace(table[t].meta.name, t);
-  const double bytes_per_change = double(m->delta_bytes()) / double(m->changed_elements);
+  // 5. The parts' headers (what every ranged reader reads of every part).
+  uint64_t header_sum = 0, header_max = 0, changed_tensors_sum = 0;
+  if (!o.manifest_only)
+    for (const auto& ref : objects) {
+      const std::span<const uint8_t> bytes = store->bytes_of(ref.key);
+      const uint64_t prefix = ranged::header_prefix_bytes(bytes.first(8), ref.size, ref.key);
+      header_sum += prefix;
+      header_max = std::max(header_max, prefix);
+      const st::File file = st::File::from_bytes(std::vector<uint8_t>(bytes.begin(), bytes.end()), ref.key);
+      changed_tensors_sum += file.tensors().size() / 2;  // NAME.cindex + NAME.cdata
+    }
+
+  // 6. Each receiver rank (TP = EP = receiver_tp): the parts' placements it meets (the manifest side
+  // of planning: one lookup per part and tensor it needs), then -- with published parts -- the
+  // ranged planner on the parts' sealed headers (two reads each) and block indexes: its bytes and
+  // requests. And the changes inside its positions (what any fetch must carry at least).
+  const double bytes_per_change = double(m2.delta_bytes()) / double(std::max<uint64_t>(m2.changed_elements, 1));
   struct ReceiverRank {
-    uint64_t parts = 0, part_bytes = 0, changes = 0, pairs = 0;
-    double plan_s = 0;
+    uint64_t pairs = 0, changes = 0;
+    uint64_t header_bytes = 0, index_bytes = 0, block_bytes = 0, requests = 0;
+    double lookup_s = 0, plan_s = 0;
+    uint64_t bytes() const { return header_bytes + index_bytes + block_bytes; }
   };
   std::vector<ReceiverRank> rx(o.receiver_tp);
   for (uint64_t q = 0; q < o.receiver_tp; ++q) {
-    std::vector<Placement> need(T);
-    for (size_t t = 0; t < T; ++t) need[t] = sm::receiver_placement(table[t], o.shape, q, o.receiver_tp);
+    ranged::NeededRanges needed;
+    for (size_t t = 0; t < T; ++t) {
+      const Placement p = sm::receiver_placement(table[t], o.shape, q, o.receiver_tp);
+      if (!p.empty()) needed.emplace(table[t].meta.name, needed_of(p, table[t].meta.numel()));
+    }
     t0 = now_s();
-    for (const auto& part : m->delta_parts) {
-      uint64_t hits = 0;  // every (part, tensor) pair is looked at: what a per-tensor range planner visits
-      for (const auto& [name, pl] : part.placements) hits += overlaps(pl, need[index.at(name)]);
-      rx[q].pairs += hits;
-      if (hits) {
-        ++rx[q].parts;
-        rx[q].part_bytes += part.object.size;
+    for (size_t k = 0; k < m2.delta_parts.size(); ++k)
+      for (const auto& [name, want] : needed) rx[q].pairs += ranged::placement_overlaps(m2.part_placements.placement(name, k), want.spans);
+    rx[q].lookup_s = now_s() - t0;
+    if (!o.manifest_only) {
+      store->act_as("receiver " + std::to_string(q));
+      t0 = now_s();
+      std::vector<ranged::SealedHeader> headers;
+      for (const auto& ref : objects) {
+        std::vector<uint8_t> prefix = store->get_range(ref.key, 0, 8);
+        const uint64_t n = ranged::header_prefix_bytes(prefix, ref.size, ref.key);
+        const std::vector<uint8_t> rest = store->get_range(ref.key, 8, n - 8);
+        prefix.insert(prefix.end(), rest.begin(), rest.end());
+        headers.push_back(ranged::read_sealed_header(prefix, ref, ref.key));
+      }
+      const auto plans = ranged::plan_delta_reads(m2, headers, needed, [&](size_t k, const std::string& tensor) {
+        const st::TensorInfo* info = headers[k].find(tensor + ".cindex");
+        return store->bytes_of(objects[k].key).subspan(headers[k].data_offset + info->begin, info->nbytes());
+      });
+      rx[q].plan_s = now_s() - t0;
+      for (const auto& plan : plans) {
+        rx[q].header_bytes += plan.header_bytes;
+        for (const auto& r : plan.index_chunks) rx[q].index_bytes += r.length;
+        for (const auto& r : plan.block_chunks) rx[q].block_bytes += r.length;
+        rx[q].requests += plan.requests() + 1;  // the header in two reads: its length, then it
       }
     }
-    rx[q].plan_s = now_s() - t0;
-    for (size_t t = 0; t < T; ++t)
-      for (uint64_t i = 0; i < need[t].numel(); ++i) rx[q].changes += changed_at(t, need[t].full_position(i), threshold);
+    for (size_t t = 0; t < T; ++t) {
+      const Placement p = sm::receiver_placement(table[t], o.shape, q, o.receiver_tp);
+      for (uint64_t i = 0; i < p.numel(); ++i) rx[q].changes += changed_at(t, p.full_position(i), threshold);
+    }
   }
 
-  // 6. The table.
+  // 7. The table.
   const double delta_bytes = double(v2.delta_bytes);
   std::vector<double> sorted_publish = publish_s;
   std::sort(sorted_publish.begin(), sorted_publish.end());
   auto rank_count = [&](uint64_t r) { return store->count("rank " + std::to_string(r) + " v2"); };
-  uint64_t max_req = 0, sum_req = 0;
-  for (uint64_t r = 0; r < o.ranks; ++r) {
-    max_req = std::max(max_req, rank_count(r).total());
-    sum_req += rank_count(r).total();
-  }
+  uint64_t max_req = 0;
+  for (uint64_t r = 0; r < o.ranks; ++r) max_req = std::max(max_req, rank_count(r).total());
   const sm::RequestCount commit_req = store->count("commit v2");
-  const uint64_t receipts_total = std::accumulate(receipt_bytes.begin(), receipt_bytes.end(), uint64_t{0});
-  const uint64_t digest_raw = 8 * T;  // one 64-bit partial per tensor per rank (every rank holds a slice of nearly all)
+  const std::vector<uint64_t>& rb = rounds[1].receipt_bytes;
+  const uint64_t receipts_total = std::accumulate(rb.begin(), rb.end(), uint64_t{0});
+  const uint64_t receipt_max = *std::max_element(rb.begin(), rb.end());
+  const uint64_t reduce_bytes = 2 * 8 * T;  // int64 halves of one 64-bit partial per tensor
 
   std::printf("| measure | value |\n|---|---|\n");
   if (o.manifest_only)
-    std::printf("| mode | manifest only: placements of %llu FSDP2 Shard(0) ranks, part sizes 1.236 B x changes (no publish) |\n",
+    std::printf("| mode | manifest only: receipts of %llu FSDP2 Shard(0) ranks from their tables, placeholder parts of 1.236 B x changes (no publish) |\n",
                 (unsigned long long)o.ranks);
   std::printf("| tensors / params here / params at full width | %zu / %llu / %llu |\n", T, (unsigned long long)numel,
               (unsigned long long)full_numel);
   std::printf("| model bytes here (bf16) | %s |\n", gb(2.0 * numel).c_str());
-  if (!o.manifest_only) {
   std::printf("| changed elements v2 | %llu (%.3f%%) |\n", (unsigned long long)v2.changed_elements, 100.0 * v2.changed_elements / numel);
-  std::printf("| delta bytes v2 (all parts) | %s (%.3f B per change; 1-ulp synthetic changes) |\n", gb(delta_bytes).c_str(),
-              delta_bytes / v2.changed_elements);
-  std::printf("| delta parts / per part (mean) | %zu / %s |\n", m->delta_parts.size(), gb(delta_bytes / m->delta_parts.size()).c_str());
-  std::printf("| publish_part v2 per rank: median / max / sum (wall, one core) | %.3f s / %.3f s / %.1f s |\n",
-              sorted_publish[sorted_publish.size() / 2], sorted_publish.back(),
-              std::accumulate(publish_s.begin(), publish_s.end(), 0.0));
-  std::printf("| all ranks, both versions, incl. data generation (wall) | %.1f s |\n", publish_total_s);
-  std::printf("| store requests per publisher rank per step (v2; max) | %llu (%llu GET, %llu PUT, %llu HEAD) |\n",
-              (unsigned long long)max_req, (unsigned long long)rank_count(1).get, (unsigned long long)rank_count(1).put,
-              (unsigned long long)rank_count(1).head);
-  std::printf("| store requests of rank 0's commit (v2) | %llu (%llu GET, %llu PUT, %llu HEAD, %llu LIST) |\n",
-              (unsigned long long)commit_req.total(), (unsigned long long)commit_req.get, (unsigned long long)commit_req.put, (unsigned long long)commit_req.head,
-              (unsigned long long)commit_req.list);
-  std::printf("| inter-rank bytes per step: receipt per rank (JSON) | %s (of which digest partials, raw: %s) |\n",
-              gb(double(receipts_total) / o.ranks).c_str(), gb(double(digest_raw)).c_str());
-  std::printf("| inter-rank bytes per step: gathered at rank 0 / outcome broadcast | %s / %llu B per rank |\n", gb(double(receipts_total)).c_str(),
-              (unsigned long long)outcome_bytes);
-  std::printf("| gathering the model instead (here / at full width, bf16) | %s / %s |\n", gb(2.0 * numel).c_str(), gb(2.0 * full_numel).c_str());
-  std::printf("| rank 0: parse the receipts / commit_parts (v2) | %.2f s / %.2f s |\n", p2, c2);
-  std::printf("| rank 0: parse the receipts / commit_parts (v1, anchor) | %.2f s / %.2f s |\n", p1, c1);
+  if (!o.manifest_only) {
+    std::printf("| delta bytes v2 (all parts) | %s (%.3f B per change; 1-ulp synthetic changes) |\n", gb(delta_bytes).c_str(),
+                delta_bytes / v2.changed_elements);
+    std::printf("| delta parts / per part (mean) | %zu / %s |\n", objects.size(), gb(delta_bytes / objects.size()).c_str());
+    std::printf("| per-part header (8 B + JSON header, chunk hashes included): mean / max | %s / %s |\n",
+                gb(double(header_sum) / objects.size()).c_str(), gb(double(header_max)).c_str());
+    std::printf("| tensors named per part (changed by its rank) / held by its rank | %.0f / %zu |\n", double(changed_tensors_sum) / objects.size(), T);
+    std::printf("| publish_part v2 per rank: median / max / sum (wall, one core) | %.3f s / %.3f s / %.1f s |\n",
+                sorted_publish[sorted_publish.size() / 2], sorted_publish.back(), std::accumulate(publish_s.begin(), publish_s.end(), 0.0));
+    std::printf("| all ranks, both versions, incl. data generation (wall) | %.1f s |\n", publish_total_s);
+    std::printf("| store requests per publisher rank per step (v2; max) | %llu (%llu GET, %llu PUT, %llu HEAD) |\n",
+                (unsigned long long)max_req, (unsigned long long)rank_count(1).get, (unsigned long long)rank_count(1).put,
+                (unsigned long long)rank_count(1).head);
+  } else {
+    std::printf("| receipts of all ranks, both versions, from their tables (wall) | %.1f s |\n", publish_total_s);
   }
+  std::printf("| store requests of rank 0's commit (v2) | %llu (%llu GET, %llu PUT, %llu HEAD, %llu LIST) |\n",
+              (unsigned long long)commit_req.total(), (unsigned long long)commit_req.get, (unsigned long long)commit_req.put,
+              (unsigned long long)commit_req.head, (unsigned long long)commit_req.list);
+  std::printf("| inter-rank bytes per step: receipt per rank (binary): mean / max | %.0f B / %llu B |\n", double(receipts_total) / o.ranks,
+              (unsigned long long)receipt_max);
+  std::printf("| inter-rank bytes per step: partials reduced per rank (int64 halves, 16 B x tensors) | %s |\n", gb(double(reduce_bytes)).c_str());
+  std::printf("| inter-rank bytes per step: gathered at rank 0 (receipts) / outcome broadcast | %s / %llu B per rank |\n",
+              gb(double(receipts_total)).c_str(), (unsigned long long)outcome_bytes);
+  std::printf("| gathering the partials instead of reducing them: at rank 0 (8 B x tensors x ranks) | %s |\n",
+              gb(8.0 * T * o.ranks).c_str());
+  std::printf("| gathering the model instead (here / at full width, bf16) | %s / %s |\n", gb(2.0 * numel).c_str(), gb(2.0 * full_numel).c_str());
+  std::printf("| rank 0: parse the receipts + join the sums / commit_parts (v2) | %.2f s / %.2f s |\n", p2, c2);
+  std::printf("| rank 0: parse the receipts + join the sums / commit_parts (v1, anchor) | %.2f s / %.2f s |\n", p1, c1);
   std::printf("| peak RSS after the commits / after the manifest measures | %.2f GB / %.2f GB |\n", rss_after_commit, rss_after_manifest);
-  std::printf("| manifest v2 bytes: format 2 (compact, as committed) | %s |\n", gb(double(manifest_bytes)).c_str());
+  std::printf("| manifest v2 bytes: format 3 (compact, as committed) | %s |\n", gb(double(manifest_bytes)).c_str());
   if (o.per_part_form)
     std::printf("| manifest v2 bytes: format 1 (per-part placements) | %s (%.0fx) |\n", gb(double(per_part_bytes)).c_str(),
                 double(per_part_bytes) / manifest_bytes);
-  std::printf("| placement entries (parts x tensors held) | %llu |\n", (unsigned long long)entries);
-  std::printf("| manifest write / parse, format 2 | %.2f s / %.2f s |\n", write_compact_s, parse_compact_s);
+  std::printf("| placement patterns in memory / (part, tensor) placements they stand for | %zu / %llu |\n", patterns,
+              (unsigned long long)entries);
+  std::printf("| manifest write / parse, format 3 (patterns kept unexpanded) | %.2f s / %.2f s |\n", write_compact_s, parse_compact_s);
   if (o.per_part_form) std::printf("| manifest write / parse, format 1 | %.2f s / %.2f s |\n", write_per_part_s, parse_per_part_s);
   std::printf("| subscriber plan_catch_up 1 -> 2 (GET + parse manifest 2 + plan) | %.2f s: %s |\n", plan_follow_s,
               plan_follow->describe().c_str());
   std::printf("| subscriber plan_catch_up none -> 2 (manifests cached but 1) | %.2f s: %s |\n", plan_fresh_s,
               plan_fresh ? plan_fresh->describe().c_str() : "none");
-  for (uint64_t q = 0; q < o.receiver_tp; ++q)
-    std::printf("| receiver rank %llu: parts overlapping (stand-in) / (part, tensor) pairs / their bytes / changes in its positions x B per change / plan time | "
-                "%llu / %llu / %s / %s / %.3f s |\n",
-                (unsigned long long)q, (unsigned long long)rx[q].parts, (unsigned long long)rx[q].pairs, gb(double(rx[q].part_bytes)).c_str(),
-                gb(rx[q].changes * bytes_per_change).c_str(), rx[q].plan_s);
+  for (uint64_t q = 0; q < o.receiver_tp; ++q) {
+    const ReceiverRank& x = rx[q];
+    std::printf("| receiver rank %llu: (part, tensor) placements it meets / lookup time | %llu / %.3f s |\n", (unsigned long long)q,
+                (unsigned long long)x.pairs, x.lookup_s);
+    if (!o.manifest_only)
+      std::printf("| receiver rank %llu, ranged planner: headers + indexes + blocks = bytes / requests / plan time (reads included) | "
+                  "%s + %s + %s = %s / %llu / %.3f s |\n",
+                  (unsigned long long)q, gb(double(x.header_bytes)).c_str(), gb(double(x.index_bytes)).c_str(), gb(double(x.block_bytes)).c_str(),
+                  gb(double(x.bytes())).c_str(), (unsigned long long)x.requests, x.plan_s);
+    std::printf("| receiver rank %llu: changes in its positions x B per change | %s (%.1f%% of the version's) |\n", (unsigned long long)q,
+                gb(x.changes * bytes_per_change).c_str(), 100.0 * x.changes / std::max<uint64_t>(v2.changed_elements, 1));
+  }
+  if (!o.manifest_only) {
+    uint64_t bytes = 0, requests = 0;
+    for (const auto& x : rx) {
+      bytes += x.bytes();
+      requests += x.requests + 2;  // LATEST (conditional) + the manifest
+    }
+    std::printf("| store load per step, %llu replicas x %llu ranks (ranged) | %llu requests, %s of manifests, %s of parts |\n",
+                (unsigned long long)o.replicas, (unsigned long long)o.receiver_tp, (unsigned long long)(o.replicas * requests),
+                gb(double(o.replicas * o.receiver_tp) * manifest_bytes).c_str(), gb(double(o.replicas) * bytes).c_str());
+  }
   const sm::RequestCount sub = store->count("subscriber");
-  const uint64_t rx_requests = 1 + 1 + rx[0].parts;  // LATEST (conditional) + manifest + one GET per overlapping part
-  std::printf("| requests per receiver rank per step, whole-part stand-in | %llu (1 LATEST + 1 manifest + %llu parts) |\n",
-              (unsigned long long)rx_requests, (unsigned long long)rx[0].parts);
-  std::printf("| store load per step, %llu replicas x %llu ranks (stand-in) | %llu requests, %s of manifests, %s of parts |\n",
-              (unsigned long long)o.replicas, (unsigned long long)o.receiver_tp, (unsigned long long)(o.replicas * o.receiver_tp * rx_requests),
-              gb(double(o.replicas * o.receiver_tp) * manifest_bytes).c_str(),
-              gb(double(o.replicas) * std::accumulate(rx.begin(), rx.end(), 0.0, [](double a, const ReceiverRank& x) { return a + x.part_bytes; }))
-                  .c_str());
   std::printf("| subscriber requests while planning | %llu GET, %llu HEAD, %llu LIST |\n", (unsigned long long)sub.get,
               (unsigned long long)sub.head, (unsigned long long)sub.list);
-  (void)v2_changed;
-  (void)encode_bytes;
   std::filesystem::remove_all(o.work);
   return 0;
 }

@@ -34,6 +34,21 @@ Placement shard_placement(std::span<const uint64_t> shape, size_t dim, uint64_t 
   return Placement{begin * inner, rows * inner, size * inner, outer};
 }
 
+Placement rule_placement(const PlacementRule& rule, std::span<const uint64_t> shape, uint64_t coordinate) {
+  switch (rule.kind) {
+    case PlacementRule::Kind::kShard:
+      return shard_placement(shape, rule.dim, coordinate, rule.mesh_size);
+    case PlacementRule::Kind::kReplicate: {
+      uint64_t numel = 1;
+      for (uint64_t d : shape) numel *= d;
+      return coordinate == 0 ? whole_placement(numel) : Placement{};
+    }
+    case PlacementRule::Kind::kExplicit:
+      break;
+  }
+  return Placement{};
+}
+
 void to_full_positions(std::span<int64_t> positions, const Placement& placement, const std::string& tensor) {
   const uint64_t n = placement.numel();
   for (int64_t& p : positions) {

@@ -41,6 +41,24 @@ struct Placement {
   bool operator==(const Placement&) const = default;
 };
 
+// How a trainer places a tensor across its ranks, when a rule does (what rank 0 of a sharded group
+// derives every rank's placement from, given each rank's mesh coordinate):
+//   kShard      DTensor Shard(dim) over a 1-D mesh of mesh_size ranks (torch.chunk's cut);
+//   kReplicate  Replicate(): the whole tensor, published by coordinate 0 only;
+//   kExplicit   no rule (a per-rank offset, or anything else): the placement is only the rank's.
+struct PlacementRule {
+  enum class Kind : uint8_t { kExplicit = 0, kShard = 1, kReplicate = 2 };
+  Kind kind = Kind::kExplicit;
+  uint32_t dim = 0;         // kShard
+  uint64_t mesh_size = 0;   // kShard
+  uint64_t coordinate = 0;  // kShard, kReplicate: the rank's coordinate on the mesh
+  bool operator==(const PlacementRule&) const = default;
+};
+// The placement `rule` gives a tensor of `shape` at mesh coordinate `coordinate` (its own
+// coordinate aside); empty for kExplicit. Throws Error for a Shard of a dim or coordinate out of
+// range.
+Placement rule_placement(const PlacementRule& rule, std::span<const uint64_t> shape, uint64_t coordinate);
+
 // The whole tensor of `numel` elements (also Replicate()).
 Placement whole_placement(uint64_t numel);
 // A contiguous shard of `numel` elements starting at full flat position `offset`.

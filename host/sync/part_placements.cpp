@@ -1,10 +1,7 @@
 #include "sync/part_placements.hpp"
 
 #include <algorithm>
-#include <array>
-#include <map>
-#include <string_view>
-#include <unordered_map>
+#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 
@@ -13,69 +10,133 @@ namespace {
 
 using json = nlohmann::json;
 
-// [part, count, first, first_step, run_length, run_stride, run_count]
-using Segment = std::array<uint64_t, 7>;
-using Pattern = std::vector<Segment>;
-
 [[noreturn]] void bad(const std::string& label, const std::string& why) { throw BadInputError(label + ": " + why); }
 
 // Parts and tensors far below this; keeps every position sum of a checked segment in range.
 constexpr uint64_t kLimit = uint64_t{1} << 62;
 
+Placement at(const PlacementSegment& s, uint64_t i) { return Placement{s.first + i * s.first_step, s.run_length, s.run_stride, s.run_count}; }
+
 // Appends part `k`'s placement to a tensor's pattern, extending the last segment when the part
 // follows it and its first position continues the arithmetic step.
-void append(Pattern& pattern, uint64_t k, const Placement& pl) {
+void append(PlacementPattern& pattern, uint64_t k, const Placement& pl) {
   if (!pattern.empty()) {
-    Segment& s = pattern.back();
-    const bool same_runs = s[4] == pl.run_length && s[5] == pl.run_stride && s[6] == pl.run_count;
-    if (same_runs && s[0] + s[1] == k) {
-      if (s[1] == 1 && pl.first >= s[2]) {
-        s[3] = pl.first - s[2];
-        s[1] = 2;
+    PlacementSegment& s = pattern.back();
+    const bool same_runs = s.run_length == pl.run_length && s.run_stride == pl.run_stride && s.run_count == pl.run_count;
+    if (same_runs && s.part + s.count == k) {
+      if (s.count == 1 && pl.first >= s.first) {
+        s.first_step = pl.first - s.first;
+        s.count = 2;
         return;
       }
-      if (s[1] > 1 && pl.first == s[2] + s[1] * s[3]) {
-        ++s[1];
+      if (s.count > 1 && pl.first == s.first + s.count * s.first_step) {
+        ++s.count;
         return;
       }
     }
   }
-  pattern.push_back(Segment{k, 1, pl.first, 0, pl.run_length, pl.run_stride, pl.run_count});
+  pattern.push_back(PlacementSegment{k, 1, pl.first, 0, pl.run_length, pl.run_stride, pl.run_count});
 }
 
-Pattern pattern_from_json(const json& j, size_t parts, const std::string& label, size_t index) {
+PlacementPattern pattern_from_json(const json& j, size_t parts, const std::string& label, size_t index) {
   const std::string where = "manifest part_placements pattern " + std::to_string(index);
   if (!j.is_array() || j.empty()) bad(label, where + " is not a non-empty array of segments");
-  Pattern out;
+  PlacementPattern out;
   uint64_t next_part = 0;  // segments ascend and never name a part twice
   for (const json& e : j) {
     if (!e.is_array() || e.size() != 7 || !std::all_of(e.begin(), e.end(), [](const json& x) { return x.is_number_unsigned(); }))
       bad(label, where + ": a segment is not 7 non-negative integers [part, count, first, first_step, run_length, run_stride, run_count]");
-    Segment s;
-    for (size_t i = 0; i < 7; ++i) s[i] = e[i].get<uint64_t>();
-    if (s[1] == 0 || s[0] < next_part || s[0] >= parts || s[1] > parts - s[0])
-      bad(label, where + ": segment [" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", ...] names parts out of order or past the " +
+    const PlacementSegment s{e[0].get<uint64_t>(), e[1].get<uint64_t>(), e[2].get<uint64_t>(), e[3].get<uint64_t>(),
+                             e[4].get<uint64_t>(), e[5].get<uint64_t>(), e[6].get<uint64_t>()};
+    if (s.count == 0 || s.part < next_part || s.part >= parts || s.count > parts - s.part)
+      bad(label, where + ": segment [" + std::to_string(s.part) + ", " + std::to_string(s.count) + ", ...] names parts out of order or past the " +
                      std::to_string(parts) + " delta parts");
     // Every position the segment can name stays below 2^63: no arithmetic below wraps.
-    const unsigned __int128 last_first = static_cast<unsigned __int128>(s[2]) + static_cast<unsigned __int128>(s[1] - 1) * s[3];
-    const unsigned __int128 span = s[6] == 0 ? 0 : static_cast<unsigned __int128>(s[6] - 1) * s[5] + s[4];
-    if (s[2] >= kLimit || s[4] >= kLimit || s[5] >= kLimit || s[6] >= kLimit || last_first + span >= (static_cast<unsigned __int128>(1) << 63))
+    const unsigned __int128 last_first = static_cast<unsigned __int128>(s.first) + static_cast<unsigned __int128>(s.count - 1) * s.first_step;
+    const unsigned __int128 span = s.run_count == 0 ? 0 : static_cast<unsigned __int128>(s.run_count - 1) * s.run_stride + s.run_length;
+    if (s.first >= kLimit || s.run_length >= kLimit || s.run_stride >= kLimit || s.run_count >= kLimit ||
+        last_first + span >= (static_cast<unsigned __int128>(1) << 63))
       bad(label, where + ": a segment reaches past 2^63 positions");
-    next_part = s[0] + s[1];
+    next_part = s.part + s.count;
     out.push_back(s);
   }
   return out;
 }
 
-// The placement each part holds under `pattern` (empty where it names none).
-std::vector<Placement> expand(const Pattern& pattern, size_t parts) {
-  std::vector<Placement> out(parts);
-  for (const Segment& s : pattern)
-    for (uint64_t i = 0; i < s[1]; ++i) out[s[0] + i] = Placement{s[2] + i * s[3], s[4], s[5], s[6]};
+}  // namespace
+
+PlacementPattern pattern_of(std::span<const Placement> per_part) {
+  PlacementPattern out;
+  for (size_t k = 0; k < per_part.size(); ++k)
+    if (!per_part[k].empty()) append(out, k, per_part[k]);
   return out;
 }
 
-}  // namespace
+Placement placement_in(const PlacementPattern& pattern, uint64_t part) {
+  auto it = std::upper_bound(pattern.begin(), pattern.end(), part, [](uint64_t k, const PlacementSegment& s) { return k < s.part; });
+  if (it == pattern.begin()) return {};
+  --it;
+  if (part >= it->part + it->count) return {};
+  return at(*it, part - it->part);
+}
+
+std::vector<Placement> expand(const PlacementPattern& pattern, size_t parts) {
+  std::vector<Placement> out(parts);
+  for (const PlacementSegment& s : pattern)
+    for (uint64_t i = 0; i < s.count; ++i) out[s.part + i] = at(s, i);
+  return out;
+}
+
+PlacementPattern renumber(const PlacementPattern& pattern, std::span<const uint64_t> part_of) {
+  PlacementPattern out = pattern;
+  for (PlacementSegment& s : out) s.part = part_of[s.part];
+  return out;
+}
+
+size_t PartPlacements::intern(PlacementPattern pattern) {
+  const auto [it, fresh] = index_.emplace(std::move(pattern), patterns_.size());
+  if (fresh) patterns_.push_back(it->first);
+  return it->second;
+}
+
+void PartPlacements::assign(std::string name, size_t index) { tensors_.insert_or_assign(std::move(name), index); }
+
+void PartPlacements::set(std::string name, PlacementPattern pattern) {
+  if (pattern.empty()) {
+    tensors_.erase(name);
+    return;
+  }
+  assign(std::move(name), intern(std::move(pattern)));
+}
+
+const PlacementPattern* PartPlacements::find(std::string_view tensor) const {
+  const auto it = tensors_.find(tensor);
+  return it == tensors_.end() ? nullptr : &patterns_[it->second];
+}
+
+Placement PartPlacements::placement(std::string_view tensor, size_t part) const {
+  const PlacementPattern* p = find(tensor);
+  return p ? placement_in(*p, part) : Placement{};
+}
+
+std::vector<std::map<std::string, Placement>> PartPlacements::per_part() const {
+  std::vector<std::map<std::string, Placement>> out(parts_);
+  for (const auto& [name, index] : tensors_)
+    for (const PlacementSegment& s : patterns_[index])
+      for (uint64_t i = 0; i < s.count; ++i) out[s.part + i].emplace_hint(out[s.part + i].end(), name, at(s, i));
+  return out;
+}
+
+PartPlacements PartPlacements::from_per_part(const std::vector<std::map<std::string, Placement>>& parts) {
+  // Parts outer, tensors inner: each part's placements extend its tensors' patterns as they come.
+  std::map<std::string, PlacementPattern> building;
+  for (size_t k = 0; k < parts.size(); ++k)
+    for (const auto& [name, pl] : parts[k])
+      if (!pl.empty()) append(building[name], k, pl);
+  PartPlacements out(parts.size());
+  for (auto& [name, pattern] : building) out.set(name, std::move(pattern));
+  return out;
+}
 
 void check_parts_tile(const std::vector<Placement>& placements, const std::vector<std::string>& part_names, const std::string& tensor,
                       const std::string& label) {
@@ -85,60 +146,53 @@ void check_parts_tile(const std::vector<Placement>& placements, const std::vecto
   check_tiling(placements, part_names, end, tensor, label);
 }
 
-json part_placements_json(const std::vector<DeltaPart>& parts) {
-  // Parts outer, tensors inner: each part's placements extend its tensors' patterns as they come,
-  // so the work is one hash lookup per entry and the memory a few segments per tensor.
-  std::unordered_map<std::string_view, size_t> index;
-  std::vector<std::string_view> names;
-  std::vector<Pattern> patterns_of;
-  for (size_t k = 0; k < parts.size(); ++k) {
-    for (const auto& [name, pl] : parts[k].placements) {
-      auto [it, fresh] = index.emplace(name, names.size());
-      if (fresh) {
-        names.push_back(name);
-        patterns_of.emplace_back();
-      }
-      append(patterns_of[it->second], k, pl);
-    }
+void TilingChecker::check(const std::string& tensor, uint64_t numel) {
+  const PlacementPattern* pattern = placements_.find(tensor);
+  if (!checked_.emplace(std::make_pair(pattern, numel), true).second) return;
+  try {
+    const std::vector<Placement> expanded = pattern ? expand(*pattern, placements_.parts()) : std::vector<Placement>{};
+    check_tiling(expanded, part_names_, numel, tensor, label_);
+  } catch (...) {
+    checked_.erase(std::make_pair(pattern, numel));  // the next tensor of this kind is named as well
+    throw;
   }
-  std::map<Pattern, size_t> distinct;
+}
+
+json part_placements_json(const PartPlacements& placements) {
   json patterns = json::array();
-  json tensors = json::object();
-  for (size_t t = 0; t < names.size(); ++t) {
-    auto [it, fresh] = distinct.emplace(std::move(patterns_of[t]), distinct.size());
-    if (fresh) {
-      json p = json::array();
-      for (const Segment& s : it->first) p.push_back(json(s));
-      patterns.push_back(std::move(p));
-    }
-    tensors[std::string(names[t])] = it->second;
+  for (const PlacementPattern& p : placements.patterns()) {
+    json segments = json::array();
+    for (const PlacementSegment& s : p)
+      segments.push_back(json::array({s.part, s.count, s.first, s.first_step, s.run_length, s.run_stride, s.run_count}));
+    patterns.push_back(std::move(segments));
   }
+  // Ascending names: nlohmann's object (a std::map) takes each insert at its end.
+  json tensors = json::object();
+  for (const auto& [name, index] : placements.tensors()) tensors.emplace(name, index);
   return json{{"patterns", std::move(patterns)}, {"tensors", std::move(tensors)}};
 }
 
-void read_part_placements(const json& j, std::vector<DeltaPart>& parts, const std::string& label) {
+PartPlacements read_part_placements(const json& j, const std::vector<std::string>& part_names, const std::string& label) {
   if (!j.is_object() || !j.contains("patterns") || !j.contains("tensors") || !j["patterns"].is_array() || !j["tensors"].is_object())
     bad(label, "manifest part_placements is not {\"patterns\": [...], \"tensors\": {...}}");
-  std::vector<Pattern> patterns;
-  for (const json& p : j["patterns"]) patterns.push_back(pattern_from_json(p, parts.size(), label, patterns.size()));
-  std::vector<std::string> part_names;
-  for (const auto& p : parts) part_names.push_back("part " + p.object.key);
-  std::vector<std::vector<Placement>> expanded(patterns.size());  // filled and tiling-checked at first use
+  PartPlacements out(part_names.size());
+  std::vector<PlacementPattern> patterns;
+  for (const json& p : j["patterns"]) patterns.push_back(pattern_from_json(p, part_names.size(), label, patterns.size()));
+  std::vector<size_t> interned(patterns.size());
+  std::vector<bool> checked(patterns.size(), false);  // tiling-checked at first use, named after that tensor
   const json& tensors = j["tensors"];
-  for (auto it = tensors.begin(); it != tensors.end(); ++it) {  // ascending names: each insert goes at the end
+  for (auto it = tensors.begin(); it != tensors.end(); ++it) {
     if (!it.value().is_number_unsigned() || it.value().get<uint64_t>() >= patterns.size())
       bad(label, "manifest part_placements: tensor " + it.key() + " names no pattern of the " + std::to_string(patterns.size()));
     const size_t at = it.value().get<size_t>();
-    if (expanded[at].empty()) {
-      expanded[at] = expand(patterns[at], parts.size());
-      check_parts_tile(expanded[at], part_names, it.key(), label);
+    if (!checked[at]) {
+      check_parts_tile(expand(patterns[at], part_names.size()), part_names, it.key(), label);
+      interned[at] = out.intern(patterns[at]);
+      checked[at] = true;
     }
-    for (const Segment& s : patterns[at])
-      for (uint64_t i = 0; i < s[1]; ++i) {
-        auto& m = parts[s[0] + i].placements;
-        m.emplace_hint(m.end(), it.key(), expanded[at][s[0] + i]);
-      }
+    out.assign(it.key(), interned[at]);
   }
+  return out;
 }
 
 }  // namespace deltasync::protocol

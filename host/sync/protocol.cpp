@@ -54,15 +54,19 @@ uint64_t get_u64(const json& j, const char* name, const std::string& label) {
 
 
 // Manifest field "delta_parts": [{key, size, sha256}, ...] (shard-local publish; protocol.hpp
-// DeltaPart) and, in format 2, "part_placements" beside it (sync/part_placements.hpp); in format 1
-// every part carries its own "placements": {tensor: [first, run_length, run_stride, run_count]}.
-json delta_parts_json(const std::vector<DeltaPart>& parts, PlacementForm form) {
+// DeltaPart) and, from format 2 on, "part_placements" beside it (sync/part_placements.hpp); in
+// format 1 every part carries its own "placements": {tensor: [first, run_length, run_stride,
+// run_count]}.
+json delta_parts_json(const Manifest& m, PlacementForm form) {
+  std::vector<std::map<std::string, Placement>> per_part;
+  if (form == PlacementForm::kPerPart) per_part = m.part_placements.per_part();
   json out = json::array();
-  for (const auto& p : parts) {
-    json e = object_json(p.object);
+  for (size_t k = 0; k < m.delta_parts.size(); ++k) {
+    json e = object_json(m.delta_parts[k].object);
     if (form == PlacementForm::kPerPart) {
       json placements = json::object();
-      for (const auto& [name, pl] : p.placements) placements[name] = placement_to_json(pl);
+      if (k < per_part.size())
+        for (const auto& [name, pl] : per_part[k]) placements.emplace(name, placement_to_json(pl));
       e["placements"] = std::move(placements);
     }
     out.push_back(std::move(e));
@@ -71,46 +75,47 @@ json delta_parts_json(const std::vector<DeltaPart>& parts, PlacementForm form) {
 }
 
 // Format 1's per-part placements. The parts of each tensor must not overlap or leave a gap.
-void read_per_part_placements(const json& j, std::vector<DeltaPart>& parts, const std::string& label) {
+PartPlacements read_per_part_placements(const json& j, const std::vector<DeltaPart>& parts, const std::vector<std::string>& part_names,
+                                        const std::string& label) {
+  std::vector<std::map<std::string, Placement>> per_part(parts.size());
   std::map<std::string, std::vector<Placement>> by_tensor;
-  std::vector<std::string> part_names;
   for (size_t k = 0; k < parts.size(); ++k) {
-    DeltaPart& p = parts[k];
-    part_names.push_back("part " + p.object.key);
     const json& placements = field(j[k], "placements", label);
-    if (!placements.is_object()) bad(label, "manifest delta part " + p.object.key + " has no placements object");
+    if (!placements.is_object()) bad(label, "manifest delta part " + parts[k].object.key + " has no placements object");
     for (auto it = placements.begin(); it != placements.end(); ++it) {
       const std::optional<Placement> pl = placement_from_json(it.value());
-      if (!pl) bad(label, "manifest delta part " + p.object.key + ": placement of tensor " + it.key() + " is not 4 non-negative integers");
-      p.placements[it.key()] = *pl;
+      if (!pl) bad(label, "manifest delta part " + parts[k].object.key + ": placement of tensor " + it.key() + " is not 4 non-negative integers");
+      per_part[k][it.key()] = *pl;
       auto& held = by_tensor[it.key()];
       held.resize(parts.size());
       held[k] = *pl;
     }
   }
   for (const auto& [name, held] : by_tensor) check_parts_tile(held, part_names, name, label);
+  return PartPlacements::from_per_part(per_part);
 }
 
-std::vector<DeltaPart> delta_parts_from_json(const json& j, const json* part_placements, bool has_single_delta, uint64_t format,
-                                             const std::string& label) {
+void read_delta_parts(const json& j, const json* part_placements, bool has_single_delta, uint64_t format, const std::string& label,
+                      Manifest& m) {
   if (!j.is_array()) bad(label, "manifest delta_parts is not an array");
   if (has_single_delta) bad(label, "manifest names both a delta and delta_parts");
   if (j.size() < 2) bad(label, "manifest delta_parts lists fewer than two parts (one is written as \"delta\")");
-  std::vector<DeltaPart> out;
+  std::vector<std::string> part_names;
   for (const auto& e : j) {
     DeltaPart p;
     p.object = object_from_json(e, label);
     if (format >= 2 && e.contains("placements"))
-      bad(label, "manifest delta part " + p.object.key + " has its own placements in a format 2 manifest (they belong in part_placements)");
-    out.push_back(std::move(p));
+      bad(label, "manifest delta part " + p.object.key + " has its own placements in a format " + std::to_string(format) +
+                     " manifest (they belong in part_placements)");
+    part_names.push_back("part " + p.object.key);
+    m.delta_parts.push_back(std::move(p));
   }
   if (format == 1) {
-    read_per_part_placements(j, out, label);
+    m.part_placements = read_per_part_placements(j, m.delta_parts, part_names, label);
   } else {
     if (!part_placements) bad(label, "manifest has delta_parts but no part_placements");
-    read_part_placements(*part_placements, out, label);
+    m.part_placements = read_part_placements(*part_placements, part_names, label);
   }
-  return out;
 }
 
 json fence_json(const Fence& f) {
@@ -260,10 +265,13 @@ void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const s
 }
 
 std::string to_json(const Manifest& m, PlacementForm form) {
+  if (!m.delta_parts.empty() && m.part_placements.parts() != m.delta_parts.size())
+    throw Error("manifest of version " + std::to_string(m.version) + ": placements for " + std::to_string(m.part_placements.parts()) +
+                " parts, " + std::to_string(m.delta_parts.size()) + " delta parts");
   json j;
   j["format"] = "deltasync-manifest";
-  // Format 2 only where it differs (a sharded delta's compact placements): every other manifest
-  // stays readable by readers that know format 1 only.
+  // Format 3 only where it differs (a sharded delta: compact placements, parts naming their
+  // changed tensors only): every other manifest stays readable by readers that know format 1 only.
   const bool compact = !m.delta_parts.empty() && form == PlacementForm::kCompact;
   j["format_version"] = compact ? kManifestFormat : 1;
   j["version"] = m.version;
@@ -281,8 +289,8 @@ std::string to_json(const Manifest& m, PlacementForm form) {
   j["digest_algorithm"] = m.digest_algorithm;
   j["digests"] = m.digests;
   j["created_unix_ms"] = m.created_unix_ms;
-  if (!m.delta_parts.empty()) j["delta_parts"] = delta_parts_json(m.delta_parts, compact ? PlacementForm::kCompact : PlacementForm::kPerPart);
-  if (compact) j["part_placements"] = part_placements_json(m.delta_parts);
+  if (!m.delta_parts.empty()) j["delta_parts"] = delta_parts_json(m, compact ? PlacementForm::kCompact : PlacementForm::kPerPart);
+  if (compact) j["part_placements"] = part_placements_json(m.part_placements);
   if (m.fence) j["fence"] = fence_json(*m.fence);
   return j.dump(1);
 }
@@ -300,7 +308,7 @@ Manifest manifest_from_json(std::string_view text, const std::string& label) {
   const uint64_t format = get_u64(j, "format_version", label);
   if (format < 1 || format > kManifestFormat)
     bad(label, "manifest format_version " + field(j, "format_version", label).dump() + " is not supported");
-  if (format == 1 && j.contains("part_placements")) bad(label, "manifest format_version 1 with part_placements (a format 2 field)");
+  if (format == 1 && j.contains("part_placements")) bad(label, "manifest format_version 1 with part_placements (a field of formats 2 and 3)");
   Manifest m;
   m.version = get_u64(j, "version", label);
   const json& base = field(j, "base_version", label);
@@ -309,7 +317,7 @@ Manifest manifest_from_json(std::string_view text, const std::string& label) {
   if (!delta.is_null()) m.delta = object_from_json(delta, label);
   if (j.contains("delta_parts")) {
     const auto pp = j.find("part_placements");
-    m.delta_parts = delta_parts_from_json(j["delta_parts"], pp == j.end() ? nullptr : &*pp, m.delta.has_value(), format, label);
+    read_delta_parts(j["delta_parts"], pp == j.end() ? nullptr : &*pp, m.delta.has_value(), format, label, m);
   } else if (j.contains("part_placements")) {
     bad(label, "manifest has part_placements but no delta_parts");
   }

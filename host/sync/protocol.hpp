@@ -39,14 +39,18 @@
 
 #include "core/placement.hpp"
 #include "store/store.hpp"
+#include "sync/part_placements.hpp"
 
 namespace deltasync::protocol {
 
 inline constexpr const char* kLatestKey = "LATEST";
 inline constexpr const char* kManifestPrefix = "manifests/";
-// The newest manifest format: 2 writes a sharded delta's placements compactly
-// (sync/part_placements.hpp); a manifest without delta parts is still written as format 1.
-inline constexpr int kManifestFormat = 2;
+// The newest manifest format. 2 writes a sharded delta's placements compactly
+// (sync/part_placements.hpp); 3 is 2 whose delta parts name only the tensors they change (their
+// headers hold no table of the model and no partials of unchanged tensors: a reader derives a
+// changed tensor's base digest from the manifest's, sync/shard_parts.hpp). A manifest without
+// delta parts is still written as format 1. docs/stores.md.
+inline constexpr int kManifestFormat = 3;
 
 std::string manifest_key(uint64_t version);
 // The version a manifest key names, or nullopt for any other key.
@@ -83,12 +87,10 @@ struct ObjectRef {
 };
 
 // One trainer rank's part of a version's delta (shard-local publish, sync/shard_publish.hpp):
-// an ordinary delta file over the full tensors whose changes lie in the positions `placements`
-// names per tensor (tensors absent: the part holds none of them). The parts of a version tile
-// every tensor exactly.
+// an ordinary delta file over the full tensors whose changes lie in the positions its manifest's
+// part_placements give it. The parts of a version tile every tensor exactly.
 struct DeltaPart {
   ObjectRef object;
-  std::map<std::string, Placement> placements;
 };
 
 struct Manifest {
@@ -112,6 +114,8 @@ struct Manifest {
   // A delta in several parts (one per trainer rank), instead of `delta`: at least two (one part
   // is written as `delta`, so a one-rank publisher's manifest reads as before).
   std::vector<DeltaPart> delta_parts;
+  // Where each tensor lies across delta_parts (parts() == delta_parts.size()), unexpanded.
+  PartPlacements part_placements;
   std::optional<Fence> fence;  // the run and epoch that wrote it (nullopt: before fencing, epoch 0)
 
   bool has_anchor() const { return !anchor_parts.empty(); }
@@ -131,13 +135,15 @@ ObjectRef put_object(Store& store, const std::string& key, std::span<const uint8
 // Error("LABEL: ...") naming what differs (a corrupt or replaced object).
 void verify_object(const ObjectRef& ref, std::span<const uint8_t> bytes, const std::string& label);
 
-// How a sharded delta's placements are written: compact (format 2, sync/part_placements.hpp), or
-// per part as format 1 did (for readers that know format 1 only, and to measure the difference).
+// How a sharded delta's placements are written: compact (format 3, sync/part_placements.hpp), or
+// per part as format 1 did (to measure the difference; parts written since format 3 name only
+// their changed tensors, which readers of format 1 alone would not expect).
 enum class PlacementForm { kCompact, kPerPart };
 std::string to_json(const Manifest& manifest, PlacementForm form = PlacementForm::kCompact);
-// Strict: every required field present with the right type; formats 1 and 2. A sharded delta's
-// parts must not overlap or leave a gap in any tensor (below the end of its last part; the full
-// size is checked against the model where they are combined). Throws Error("LABEL: reason").
+// Strict: every required field present with the right type; formats 1 to 3. A sharded delta's
+// parts must not overlap or leave a gap in any tensor (below the end of its last part, once per
+// pattern; the full size is checked against the model where they are combined); the placements
+// stay unexpanded. Throws Error("LABEL: reason").
 Manifest manifest_from_json(std::string_view text, const std::string& label);
 
 // Thrown when a publisher's fence no longer holds the store (another run, or a newer epoch of its

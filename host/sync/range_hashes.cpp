@@ -1,5 +1,6 @@
 #include "sync/range_hashes.hpp"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
@@ -36,9 +37,9 @@ ChunkHash hex_digest(std::string_view hex) {
 }  // namespace
 
 const st::TensorInfo* SealedHeader::find(std::string_view name) const {
-  for (const auto& t : tensors)
-    if (t.name == name) return &t;
-  return nullptr;
+  const auto it = std::lower_bound(by_name.begin(), by_name.end(), name,
+                                   [&](uint32_t i, std::string_view n) { return std::string_view(tensors[i].name) < n; });
+  return it != by_name.end() && tensors[*it].name == name ? &tensors[*it] : nullptr;
 }
 
 uint64_t header_prefix_bytes(std::span<const uint8_t> first8, uint64_t object_size, const std::string& label) {
@@ -122,6 +123,9 @@ SealedHeader read_sealed_header(std::span<const uint8_t> prefix, const protocol:
     h.tensors.push_back(std::move(t));
   }
   std::sort(h.tensors.begin(), h.tensors.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  h.by_name.resize(h.tensors.size());
+  for (uint32_t i = 0; i < h.by_name.size(); ++i) h.by_name[i] = i;
+  std::sort(h.by_name.begin(), h.by_name.end(), [&](uint32_t a, uint32_t b) { return h.tensors[a].name < h.tensors[b].name; });
   const auto size_it = h.metadata.find(kChunkBytesKey);
   const auto hashes_it = h.metadata.find(kChunkSha256Key);
   if (size_it == h.metadata.end() || hashes_it == h.metadata.end())

@@ -11,8 +11,7 @@ bool can_read_ranged(const protocol::ObjectRef& ref, const std::string& delta_fo
   return !ref.header_sha256.empty() && delta_format == "compact";
 }
 
-RangedDelta fetch_needed(Store& store, const protocol::ObjectRef& ref, const NeededRanges& needed,
-                         const std::map<std::string, Placement>* placements) {
+RangedDelta fetch_needed(Store& store, const protocol::ObjectRef& ref, const NeededRanges& needed, const PartScope& scope) {
   const std::string label = store.describe(ref.key);
   RangedDelta out;
   auto get = [&](uint64_t offset, uint64_t length) {
@@ -67,13 +66,13 @@ RangedDelta fetch_needed(Store& store, const protocol::ObjectRef& ref, const Nee
     return std::span<const uint8_t>(it->second).subspan(r.offset - it->first, r.length);
   };
 
-  const IndexReads index = plan_index_reads(header, needed, placements, label);
+  const IndexReads index = plan_index_reads(header, needed, scope, label);
   fetch(whole_chunks(index.ranges, header.chunk_bytes, header.data_bytes()));
   auto cindex = [&](const std::string& tensor) {
     const st::TensorInfo* t = header.find(tensor + ".cindex");
     return view({t->begin, t->nbytes()});
   };
-  const ObjectReadPlan plan = plan_object_reads(header, needed, placements, cindex, label);
+  const ObjectReadPlan plan = plan_object_reads(header, needed, scope, cindex, label);
   fetch(plan.block_chunks);
 
   std::vector<compact::BlockSubset> subsets;

@@ -27,10 +27,9 @@ struct RangedDelta {
 // True when `ref` can be read by ranges: sealed (header_sha256 recorded) and of the compact layout.
 bool can_read_ranged(const protocol::ObjectRef& ref, const std::string& delta_format);
 
-// Reads what `needed` requires of the sealed compact delta `ref` (`placements`: a delta part's,
-// nullptr for a whole delta). Throws BadInputError naming the object for anything that does not
+// Reads what `needed` requires of the sealed compact delta `ref` (`scope`: which part of a sharded
+// delta it is; none for a whole delta). Throws BadInputError naming the object for anything that does not
 // verify (header, a chunk) or parse; nothing is returned then.
-RangedDelta fetch_needed(Store& store, const protocol::ObjectRef& ref, const NeededRanges& needed,
-                         const std::map<std::string, Placement>* placements);
+RangedDelta fetch_needed(Store& store, const protocol::ObjectRef& ref, const NeededRanges& needed, const PartScope& scope);
 
 }  // namespace deltasync::ranged

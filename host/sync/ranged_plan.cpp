@@ -55,8 +55,7 @@ bool placement_overlaps(const Placement& p, std::span<const ElementSpan> spans) 
   return false;
 }
 
-IndexReads plan_index_reads(const SealedHeader& header, const NeededRanges& needed,
-                            const std::map<std::string, Placement>* placements, const std::string& label) {
+IndexReads plan_index_reads(const SealedHeader& header, const NeededRanges& needed, const PartScope& scope, const std::string& label) {
   static constexpr std::string_view kIndex = ".cindex", kData = ".cdata";
   IndexReads out;
   for (const auto& t : header.tensors) {
@@ -71,10 +70,7 @@ IndexReads plan_index_reads(const SealedHeader& header, const NeededRanges& need
     if (!header.find(base + std::string(kData))) throw BadInputError(label + ": tensor " + t.name + " has no payload");
     const auto want = needed.find(base);
     if (want == needed.end() || want->second.spans.empty()) continue;
-    if (placements) {
-      const auto at = placements->find(base);
-      if (at == placements->end() || !placement_overlaps(at->second, want->second.spans)) continue;
-    }
+    if (scope.placements && !placement_overlaps(scope.placements->placement(base, scope.part), want->second.spans)) continue;
     out.tensors.push_back(base);
     out.ranges.push_back({t.begin, t.nbytes()});
   }
@@ -103,12 +99,11 @@ uint64_t ObjectReadPlan::bytes() const {
   return total;
 }
 
-ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges& needed,
-                                 const std::map<std::string, Placement>* placements,
+ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges& needed, const PartScope& scope,
                                  const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label) {
   ObjectReadPlan plan;
   plan.header_bytes = header.data_offset;
-  const IndexReads index = plan_index_reads(header, needed, placements, label);
+  const IndexReads index = plan_index_reads(header, needed, scope, label);
   plan.index_chunks = whole_chunks(index.ranges, header.chunk_bytes, header.data_bytes());
   std::vector<ByteRange> blocks;
   for (const std::string& t : index.tensors) {
@@ -139,8 +134,8 @@ std::vector<ObjectReadPlan> plan_delta_reads(
     throw BadInputError(label + ": " + std::to_string(headers.size()) + " headers for " + std::to_string(objects.size()) + " delta objects");
   std::vector<ObjectReadPlan> out;
   for (size_t k = 0; k < objects.size(); ++k) {
-    const auto* placements = manifest.delta_parts.empty() ? nullptr : &manifest.delta_parts[k].placements;
-    out.push_back(plan_object_reads(headers[k], needed, placements,
+    const PartScope scope{manifest.delta_parts.empty() ? nullptr : &manifest.part_placements, k};
+    out.push_back(plan_object_reads(headers[k], needed, scope,
                                     [&](const std::string& tensor) { return cindex(k, tensor); }, objects[k].key));
   }
   return out;

@@ -51,16 +51,22 @@ std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, uint64_t chun
 // True when some position of `placement` lies in one of `spans` (sorted, disjoint).
 bool placement_overlaps(const Placement& placement, std::span<const ElementSpan> spans);
 
-// Step 1: the compact tensors of a sealed header to read -- those needed and, when `placements`
-// is given (a delta part), placed in this part where they meet the needed spans -- in file order,
+// Which part of a sharded delta an object is: its changes lie where the manifest's placements put
+// part `part`. No placements: a whole delta (every tensor whole).
+struct PartScope {
+  const protocol::PartPlacements* placements = nullptr;
+  size_t part = 0;
+};
+
+// Step 1: the compact tensors of a sealed header to read -- those needed and, for a delta part,
+// placed in this part where they meet the needed spans -- in file order,
 // with the data ranges of their NAME.cindex entries. Throws BadInputError naming `label` for a
 // header that is not a compact delta (an unpaired .cindex/.cdata).
 struct IndexReads {
   std::vector<std::string> tensors;
   std::vector<ByteRange> ranges;  // ranges[k]: tensors[k]'s NAME.cindex
 };
-IndexReads plan_index_reads(const SealedHeader& header, const NeededRanges& needed,
-                            const std::map<std::string, Placement>* placements, const std::string& label);
+IndexReads plan_index_reads(const SealedHeader& header, const NeededRanges& needed, const PartScope& scope, const std::string& label);
 
 // Step 2: of one tensor, the blocks whose span meets the needed elements, and their payloads'
 // data ranges (ranges[k]: block chosen[k]'s).
@@ -85,8 +91,7 @@ struct ObjectReadPlan {
   uint64_t bytes() const;
   uint64_t requests() const { return 1 + index_chunks.size() + block_chunks.size(); }  // the header in one read
 };
-ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges& needed,
-                                 const std::map<std::string, Placement>* placements,
+ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges& needed, const PartScope& scope,
                                  const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label);
 
 // A version's reads, object by object of protocol::delta_objects(manifest): `headers[k]` is

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "codec/compact_two_phase.hpp"
 #include "codec/delta_io.hpp"
@@ -18,7 +19,6 @@ namespace {
 
 using json = nlohmann::json;
 
-
 }  // namespace
 
 json placement_to_json(const Placement& p) { return json::array({p.first, p.run_length, p.run_stride, p.run_count}); }
@@ -30,9 +30,7 @@ std::optional<Placement> placement_from_json(const json& j) {
 }
 
 void resolve_delta_part(const protocol::Manifest& manifest, const st::File& file, std::span<const TensorMeta> base_meta,
-                        std::span<const ConstTensorRef> base_bits, std::span<const Placement> held, ResolvedPart& out) {
-  if (held.size() != base_meta.size())
-    throw Error(file.label() + ": " + std::to_string(held.size()) + " placements for " + std::to_string(base_meta.size()) + " tensors");
+                        std::span<const ConstTensorRef> base_bits, const std::function<Placement(size_t)>& held, ResolvedPart& out) {
   out.relative = base_bits.empty() && compact::is_compact_delta(file);
   if (out.relative) {
     out.delta.patches = compact::decode_compact_delta_unbased(file, base_meta, out.delta.decoded);
@@ -44,106 +42,120 @@ void resolve_delta_part(const protocol::Manifest& manifest, const st::File& file
   }
   const engine::DeltaToApply entry{&file, manifest.version, manifest.base_version};
   out.promises = engine::delta_promises(entry, out.delta.info);
-  if (auto u = integrity::read_digest_map(out.delta.info.extra, shard_keys::kUnchangedDigests, file.label())) out.unchanged = *u;
-  for (size_t t = 0; t < base_meta.size(); ++t) {
+  for (size_t t = 0; t < out.delta.patches.size(); ++t) {
     const PatchRef& p = out.delta.patches[t];
+    if (!p.count) continue;
+    const Placement mine = held(t);
     for (uint64_t i = 0; i < p.count; ++i)
-      if (!held[t].contains(patch_index(p, i)))
+      if (!mine.contains(patch_index(p, i)))
         throw BadInputError(file.label() + ": changes tensor " + base_meta[t].name + " at position " + std::to_string(patch_index(p, i)) +
-                            ", outside the placement " + placement_text(held[t]) + " its manifest entry gives it");
+                            ", outside the placement " + placement_text(mine) + " its manifest entry gives it");
+    out.patches.emplace_back(t, p);
   }
+  out.delta.patches = {};  // per base tensor: 32 bytes x tensors x parts when a reader combines many
 }
 
 CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<const st::File> files,
                                   std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base_bits) {
   const std::string label = "version " + std::to_string(manifest.version);
   const auto& parts = manifest.delta_parts;
+  const protocol::PartPlacements& placements = manifest.part_placements;
   if (files.size() != parts.size())
     throw Error(label + ": " + std::to_string(files.size()) + " delta part files for " + std::to_string(parts.size()) + " parts");
   const size_t T = base_meta.size();
-  std::map<std::string, size_t, std::less<>> index;
+  std::unordered_map<std::string_view, size_t> index;
   for (size_t t = 0; t < T; ++t) index.emplace(base_meta[t].name, t);
 
-  // 1. The parts tile every tensor exactly.
-  std::vector<std::vector<Placement>> held(T, std::vector<Placement>(parts.size()));
+  // 1. The parts tile every tensor exactly: each placement pattern checked once per tensor size.
   std::vector<std::string> part_names;
-  for (size_t k = 0; k < parts.size(); ++k) {
-    part_names.push_back("part " + parts[k].object.key);
-    for (const auto& [name, pl] : parts[k].placements) {
-      auto it = index.find(name);
-      if (it == index.end()) throw BadInputError(label + ": " + part_names[k] + " covers tensor " + name + ", which the model lacks");
-      held[it->second][k] = pl;
-    }
-  }
-  for (size_t t = 0; t < T; ++t) check_tiling(held[t], part_names, base_meta[t].numel(), base_meta[t].name, label);
+  for (const auto& p : parts) part_names.push_back("part " + p.object.key);
+  for (const auto& [name, pattern] : placements.tensors())
+    if (!index.contains(name))
+      throw BadInputError(label + ": " + part_names[placements.patterns()[pattern].front().part] + " covers tensor " + name +
+                          ", which the model lacks");
+  protocol::TilingChecker tiling(placements, part_names, label);
+  for (size_t t = 0; t < T; ++t) tiling.check(base_meta[t].name, base_meta[t].numel());
 
   // 2. Each part resolved and checked against its manifest entry.
   std::vector<ResolvedPart> resolved(parts.size());
   for (size_t k = 0; k < parts.size(); ++k) {
-    std::vector<Placement> mine(T);
-    for (size_t t = 0; t < T; ++t) mine[t] = held[t][k];
-    resolve_delta_part(manifest, files[k], base_meta, base_bits, mine, resolved[k]);
+    resolve_delta_part(manifest, files[k], base_meta, base_bits, [&](size_t t) { return placements.placement(base_meta[t].name, k); },
+                       resolved[k]);
     if (k > 0 && resolved[k].relative != resolved[0].relative)
       throw BadInputError(files[k].label() + (resolved[k].relative ? ": a compact part among parts of another layout"
                                                                     : ": a part of another layout among compact parts"));
   }
-  const bool out_relative = !resolved.empty() && resolved[0].relative;
 
-  // 3. Per tensor: the parts' changes merged in position order, and the partials summed.
+  // 3. What the version's changes add to each tensor's digest: every part's promises, including
+  // those of parts whose changes a ranged reader left out (they lie outside its elements).
+  std::vector<uint64_t> shift(T, 0);
+  for (size_t k = 0; k < parts.size(); ++k)
+    for (const auto& [name, base] : resolved[k].promises.base) {
+      const auto t = index.find(name);
+      const auto r = resolved[k].promises.result.find(name);
+      if (t != index.end() && r != resolved[k].promises.result.end()) shift[t->second] += r->second - base;
+    }
+
+  // 4. Per tensor changed here: the parts' changes merged in position order, and its promises:
+  // the manifest's digest as the result, that minus the changes as the base.
+  struct Change {
+    size_t tensor, part;
+    const PatchRef* patch;
+  };
+  std::vector<Change> changes;
+  for (size_t k = 0; k < parts.size(); ++k)
+    for (const auto& [t, p] : resolved[k].patches) {
+      if (!resolved[k].promises.base.contains(base_meta[t].name) || !resolved[k].promises.result.contains(base_meta[t].name))
+        throw BadInputError(files[k].label() + ": changes tensor " + base_meta[t].name + " but records no partial digests of it");
+      changes.push_back(Change{t, k, &p});
+    }
+  std::stable_sort(changes.begin(), changes.end(), [](const Change& a, const Change& b) { return a.tensor < b.tensor; });
   CombinedDelta out;
-  out.relative = out_relative;
+  out.relative = !resolved.empty() && resolved[0].relative;
   out.digests.model_version = manifest.version;
   out.digests.base_version = manifest.base_version;
   out.patches.resize(T);
   out.positions.resize(T);
   out.values.resize(T);
-  for (size_t t = 0; t < T; ++t) {
+  for (size_t i = 0; i < changes.size();) {
+    const size_t t = changes[i].tensor;
+    size_t end = i;
+    while (end < changes.size() && changes[end].tensor == t) ++end;
+    const std::string& name = base_meta[t].name;
     const uint32_t w = base_meta[t].width();
+    const auto manifest_digest = manifest.digests.find(name);
+    if (manifest_digest == manifest.digests.end())
+      throw BadInputError(label + ": the manifest records no digest of tensor " + name + ", which its parts change");
+    const uint64_t result = digest_from_hex(manifest_digest->second, label);
     struct Ref {
       uint64_t position;
       size_t part;
       uint64_t k;
+      const PatchRef* patch;
     };
     std::vector<Ref> refs;
-    for (size_t k = 0; k < parts.size(); ++k) {
-      const PatchRef& p = resolved[k].delta.patches[t];
-      for (uint64_t i = 0; i < p.count; ++i) refs.push_back(Ref{patch_index(p, i), k, i});
+    for (size_t c = i; c < end; ++c) {
+      const PatchRef& p = *changes[c].patch;
+      for (uint64_t j = 0; j < p.count; ++j) refs.push_back(Ref{patch_index(p, j), changes[c].part, j, &p});
     }
-    if (refs.empty()) continue;
     std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.position < b.position; });
-    for (size_t i = 1; i < refs.size(); ++i)
-      if (refs[i].position == refs[i - 1].position)
-        throw BadInputError(label + ": " + part_names[refs[i - 1].part] + " and " + part_names[refs[i].part] + " both change tensor " +
-                            base_meta[t].name + " at position " + std::to_string(refs[i].position));
+    for (size_t j = 1; j < refs.size(); ++j)
+      if (refs[j].position == refs[j - 1].position)
+        throw BadInputError(label + ": " + part_names[refs[j - 1].part] + " and " + part_names[refs[j].part] + " both change tensor " + name +
+                            " at position " + std::to_string(refs[j].position));
     auto& pos = out.positions[t];
     auto& val = out.values[t];
     pos.reserve(refs.size());
     val.resize(refs.size() * w);
-    for (size_t i = 0; i < refs.size(); ++i) {
-      pos.push_back(static_cast<int64_t>(refs[i].position));
-      const PatchRef& p = resolved[refs[i].part].delta.patches[t];
-      std::memcpy(val.data() + i * w, static_cast<const uint8_t*>(p.values) + refs[i].k * w, w);
+    for (size_t j = 0; j < refs.size(); ++j) {
+      pos.push_back(static_cast<int64_t>(refs[j].position));
+      std::memcpy(val.data() + j * w, static_cast<const uint8_t*>(refs[j].patch->values) + refs[j].k * w, w);
     }
     out.patches[t] = PatchRef{pos.size(), pos.data(), 8, val.data(), w};
     out.changed_elements += pos.size();
-    uint64_t base = 0, result = 0;
-    for (size_t k = 0; k < parts.size(); ++k) {
-      if (held[t][k].empty()) continue;
-      const std::string& name = base_meta[t].name;
-      auto b = resolved[k].promises.base.find(name);
-      if (b != resolved[k].promises.base.end()) {
-        base += b->second;
-        result += resolved[k].promises.result.at(name);
-        continue;
-      }
-      auto u = resolved[k].unchanged.find(name);
-      if (u == resolved[k].unchanged.end())
-        throw BadInputError(files[k].label() + ": holds tensor " + name + " but records no digest for it (the other parts change it)");
-      base += u->second;
-      result += u->second;
-    }
-    out.digests.base.emplace(base_meta[t].name, base);
-    out.digests.result.emplace(base_meta[t].name, result);
+    out.digests.base.emplace(name, result - shift[t]);
+    out.digests.result.emplace(name, result);
+    i = end;
   }
   return out;
 }

@@ -1,11 +1,15 @@
 // The files of a shard-local publish (sync/shard_publish.hpp) and how readers put them together.
 //
-// Delta part: an ordinary delta file (any layout) whose tensor table names the full tensors with
-// their full shapes and whose positions are full-tensor positions; its base/result digests are
-// the rank's partials over the positions it holds (sums mod 2^64 of the same terms, so the parts'
-// partials add up to the full digests). Extra metadata key:
-//   unchanged_digests  {tensor: partial digest} of the tensors the rank holds but did not change
-//                      (the other ranks may have changed them: their base needs every partial)
+// Delta part: an ordinary delta file (any layout) over the tensors the rank changed -- its tensor
+// table, tensor_shapes and changed_params name only those, with their full shapes, and its
+// positions are full-tensor positions; its base/result digests are the rank's partials over the
+// positions it holds (sums mod 2^64 of the same terms, so the parts' partials add up to the full
+// digests). Parts written before manifest format 3 name every tensor of the model in
+// tensor_shapes and carry one more key, which readers no longer need:
+//   unchanged_digests  {tensor: partial digest} of the tensors the rank held but did not change
+// A reader derives each changed tensor's full base digest from the manifest's full digest at the
+// version instead: base = result - sum over the parts changing it of (part result - part base),
+// which holds for both kinds of parts (docs/stores.md).
 // Anchor part holding slices: each tensor the rank holds, as its local elements (1-D), with
 //   placements     {tensor: {"shape": [full shape], "placement": [first, run_length, run_stride,
 //                  run_count]}}
@@ -14,6 +18,7 @@
 // the patches and promises of one delta, and assemble_anchor_slices the slices into full tensors.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <span>
@@ -61,25 +66,28 @@ inline uint64_t patch_index(const PatchRef& p, uint64_t k) {
 
 // One delta part (or a whole delta: its placements whole) resolved for a reader of `base_meta`
 // and checked against its manifest entry (delta_promises: versions, digests present) and its
-// placements (`held[t]`: tensor t's in this part; a change outside one is a BadInputError naming
-// the part and tensor). Compact parts without `base_bits` decode unbased (`relative`).
+// placements (`held(t)`: the part's placement of tensor t; a change outside it is a BadInputError
+// naming the part and tensor). Compact parts without `base_bits` decode unbased (`relative`).
 struct ResolvedPart {
-  ResolvedDelta delta;
+  ResolvedDelta delta;  // its storage; delta.patches is emptied (a part changes few tensors)
   integrity::DeltaDigests promises;  // the part's partials of the tensors it changes
-  integrity::DigestMap unchanged;    // ... and of those it holds unchanged
   bool relative = false;
+  std::vector<std::pair<size_t, PatchRef>> patches;  // (base tensor, its changes) for each tensor changed, ascending
 };
 void resolve_delta_part(const protocol::Manifest& manifest, const st::File& file, std::span<const TensorMeta> base_meta,
-                        std::span<const ConstTensorRef> base_bits, std::span<const Placement> held, ResolvedPart& out);
+                        std::span<const ConstTensorRef> base_bits, const std::function<Placement(size_t)>& held, ResolvedPart& out);
 
 // Combines the delta parts of `manifest` (files[k] is manifest.delta_parts[k]'s bytes, SHA-checked)
 // for a receiver holding `base_meta`. `base_bits` are the receiver's current bits in host memory
 // (compact parts code values relative to them); empty when the weights are elsewhere: compact
-// parts are then decoded unbased (`relative`), for the receiver to rebase where its bits live. Checks, each a BadInputError naming the tensor and part:
-// the parts' placements tile every tensor exactly (no overlap, no gap, no tensor the model
-// lacks); every part's file matches its manifest entry (versions, digests present; its positions
-// inside its placement); no two parts change one position; every part that holds a changed
-// tensor records its partial. Base and result promises are the sums of the parts' partials.
+// parts are then decoded unbased (`relative`), for the receiver to rebase where its bits live.
+// Checks, each a BadInputError naming the tensor and part, before anything is applied: the
+// parts' placements tile every tensor exactly (no overlap, no gap, no tensor the model lacks;
+// once per placement pattern and tensor size, never parts x tensors); every part's file matches
+// its manifest entry (versions, digests present; its positions inside its placement); no two
+// parts change one position; every part that changes a tensor records its partials, and the
+// manifest records the tensor's digest. Promises: the result is the manifest's digest, the base
+// that minus the parts' changes of it.
 CombinedDelta combine_delta_parts(const protocol::Manifest& manifest, std::span<const st::File> files,
                                   std::span<const TensorMeta> base_meta, std::span<const ConstTensorRef> base_bits);
 

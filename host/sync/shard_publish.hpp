@@ -1,14 +1,17 @@
 // Shard-local publish: every trainer rank encodes its own shard against its own shadow, uploads
 // its part of the version (sync/shard_parts.hpp says what a part holds) and returns a small
-// receipt; rank 0 gathers the receipts (torch.distributed in the Python layer), checks that the
-// parts tile every tensor, and commits the version once through protocol::commit_version. The
-// outcome goes back to every rank (conclude), so all of them know whether the version is visible.
+// receipt (sync/shard_receipts.hpp); rank 0 gathers the receipts and the summed partial digests
+// (torch.distributed in the Python layer), checks that the parts tile every tensor, and commits
+// the version once through protocol::commit_version (sync/shard_commit.hpp). The outcome goes
+// back to every rank (conclude), so all of them know whether the version is visible.
 //
 //   rank 0:  claim = claim_for_group(store, options)            once, at the group's start-up
 //   all:     publisher = ShardPublisher(..., broadcast claim, ...)  (the refusal, on every rank)
 //   all:     a restart resuming: adopt(all-gathered recover())   (sync/shard_resume.hpp)
 //   rank r:  receipt = publisher.publish_part(V, local shards, publisher.anchor_due(V))
-//   rank 0:  outcome = commit_parts(store, gathered receipts, ..., publisher.fence())
+//   all:     reduce split_partials(receipt.partials) to rank 0; gather receipt_to_bytes(receipt)
+//   rank 0:  outcome = commit_parts(store, {receipts, join_partials(sums), publisher.tensors()}, ...)
+//            (outcome.needs_tables: gather every rank's table_to_bytes(tensors()), commit again)
 //   all:     publisher.conclude(V, broadcast outcome)
 //
 // Fencing (protocol.hpp) is the single publisher's: the group claims the store once, on rank 0,
@@ -35,6 +38,8 @@
 #include "store/store.hpp"
 #include "sync/protocol.hpp"
 #include "sync/publisher.hpp"
+#include "sync/shard_commit.hpp"
+#include "sync/shard_receipts.hpp"
 
 namespace deltasync {
 
@@ -49,41 +54,6 @@ struct ResumeCounters {
   double seconds = 0;
 };
 
-// One tensor of the model as this rank holds it: the full tensor's name, dtype and shape, and
-// where the local elements sit (an empty placement: the rank publishes none of it -- an empty
-// shard, or a replicated tensor on a rank other than the first).
-struct ShardTensor {
-  TensorMeta full;
-  Placement placement;
-};
-
-// What a rank reports to rank 0 after uploading its part(s) of a version.
-struct PartReceipt {
-  struct Tensor {
-    std::string name;
-    DType dtype = DType::BF16;
-    std::vector<uint64_t> shape;  // the full tensor's
-    Placement placement;
-    uint64_t digest = 0;   // partial digest at the version, over the placement's full positions
-    uint64_t changed = 0;  // changed elements in this rank's part
-  };
-  uint64_t rank = 0;
-  uint64_t version = 0;
-  std::optional<uint64_t> base_version;
-  bool anchor = false;
-  std::string error;  // non-empty: this rank failed the version (the rest is not meaningful)
-  bool fenced = false;  // the failure: this rank found its group's fence no longer holds the store
-  std::optional<protocol::ObjectRef> delta;  // absent for an anchor-only version or a rank holding nothing
-  std::string delta_format;
-  std::vector<protocol::ObjectRef> anchor_parts;
-  std::vector<Tensor> tensors;  // every tensor of the model, in model order
-};
-std::string receipt_to_json(const PartReceipt& receipt);
-PartReceipt receipt_from_json(std::string_view text, const std::string& label);
-// A receipt saying that `rank` failed `version` (the gather still takes place); `fenced`: because
-// its group's fence no longer holds the store.
-PartReceipt failed_receipt(uint64_t rank, uint64_t version, const std::string& error, bool fenced = false);
-
 // What rank 0 tells every rank after claiming the store at the group's start-up: the fence, or
 // the refusal's one line (nothing was written).
 struct ClaimOutcome {
@@ -96,36 +66,11 @@ ClaimOutcome claim_from_json(std::string_view text, const std::string& label);
 // run). Never throws: a refusal is the outcome's error.
 ClaimOutcome claim_for_group(Store& store, const PublisherOptions& options);
 
-// What rank 0 tells every rank after a commit attempt.
-struct CommitOutcome {
-  uint64_t version = 0;
-  bool committed = false;
-  std::string error;  // why not, when !committed
-  bool fenced = false;  // not committed because the group's fence no longer holds the store
-  bool anchor = false;
-  uint64_t delta_bytes = 0;   // summed over the parts
-  uint64_t anchor_bytes = 0;
-  uint64_t changed_elements = 0;
-};
-std::string outcome_to_json(const CommitOutcome& outcome);
-CommitOutcome outcome_from_json(std::string_view text, const std::string& label);
-
-// The manifest of one version from every rank's receipt (rank order). BadInputError("version V:
-// ...") naming the rank and tensor when a rank failed, ranks disagree about the version, its base
-// or anchor, a tensor's name, dtype or shape, or the placements overlap or leave a gap.
-// `latest_anchor` is the newest anchor before this version.
-protocol::Manifest manifest_from_receipts(std::span<const PartReceipt> receipts, std::optional<uint64_t> latest_anchor);
-// Rank 0: manifest_from_receipts with the group's `fence`, every object it names present in the
-// store (a part missing: NotFoundError naming it and its rank), then protocol::commit_version.
-// Never throws: a failure is the outcome's error, with nothing visible; `fenced` when a rank found
-// the fence gone or commit_version refused it (FencedError).
-CommitOutcome commit_parts(Store& store, std::span<const PartReceipt> receipts, std::optional<uint64_t> latest_anchor,
-                           const protocol::Fence& fence);
-
 class ShardPublisher {
  public:
   // `tensors`: the whole model in the order local shards are passed (every rank lists the same
-  // full tensors); `rank` numbers this rank's objects. `claim`: rank 0's claim_for_group, the
+  // full tensors; a tensor's rule, when it has one, must give its placement at its coordinate);
+  // `rank` numbers this rank's objects. `claim`: rank 0's claim_for_group, the
   // same on every rank; a refusal throws FencedError with its message. The engine holds the
   // shadow of the local shards it publishes (the CPU twin when omitted). Options: anchor_every,
   // anchor_share, format and keep_anchors apply (run_id and take_over went into the claim);
@@ -136,13 +81,15 @@ class ShardPublisher {
 
   // Resume (sync/shard_resume.hpp), before the first publish, on every rank. recover(): this
   // rank's shard at the fence's `since`, read from the store; the receipt (never throws: a
-  // failure is its error) goes to every rank (an all-gather). adopt(every rank's receipt, rank
-  // order): the same verdict on every rank -- Error with one line when a rank failed or the
-  // recovered shards do not sum to the manifest's digests, nothing changed -- else the shadow
+  // failure is its error) goes to every rank (an all-gather; its partials an all-reduce).
+  // adopt(every rank's receipt in rank order, the summed partials, and every rank's table when
+  // tables_needed): the same verdict on every rank -- Error with one line when a rank failed or
+  // the recovered shards do not sum to the manifest's digests, nothing changed -- else the shadow
   // holds the store's bits at `since` and the next version is a delta against it. Returns
   // `since`; nullopt (nothing done) when the store had no version at the claim.
   PartReceipt recover();
-  std::optional<uint64_t> adopt(std::span<const PartReceipt> receipts);
+  std::optional<uint64_t> adopt(std::span<const PartReceipt> receipts, std::span<const uint64_t> digests,
+                                std::span<const std::vector<ShardTensor>> tables = {});
   // What this rank's recover() read and how long it took (zeros before).
   ResumeCounters resume_counters() const { return resume_counters_; }
 
@@ -151,12 +98,12 @@ class ShardPublisher {
   // passed anchor_share of the model. The same on every rank.
   bool anchor_due(uint64_t version) const;
   // Encodes this rank's shards (local[t] for tensors[t]: placement.numel() elements; anything
-  // for an empty placement), uploads its delta part (and its anchor slices when `anchor`) and
-  // returns the receipt. Throws Error on bad input (nothing uploaded) or a failed upload, and
+  // for an empty placement), uploads its delta part -- the tensors it changed -- (and its anchor
+  // slices when `anchor`) and returns the receipt, with this rank's partials. Throws Error on bad input (nothing uploaded) or a failed upload, and
   // FencedError, uploading nothing, once the fence no longer holds (checked in LATEST first).
   PartReceipt publish_part(uint64_t version, std::span<const ConstTensorRef> local, bool anchor);
   // The receipt of a version this rank failed with `error` (fenced when publish_part found the
-  // fence gone).
+  // fence gone); its partials are zeros.
   PartReceipt failed(uint64_t version, const std::string& error) const;
   // Every rank, with rank 0's outcome for the version publish_part last returned (or one that
   // failed before it returned). Retention runs on rank 0 after a committed anchor. A fenced
@@ -176,6 +123,7 @@ class ShardPublisher {
  private:
   std::shared_ptr<Store> store_;
   std::vector<ShardTensor> tensors_;
+  PartReceipt table_receipt_;     // the fields every receipt of this rank shares (describe_table)
   std::vector<TensorMeta> full_;  // tensors_[t].full
   std::vector<size_t> held_;      // model indices of the tensors this rank publishes (engine order)
   uint64_t rank_ = 0;

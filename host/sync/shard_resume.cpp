@@ -113,6 +113,7 @@ class Shard {
     return it->second;
   }
   const Placement& placement(size_t t) const { return tensors_[t].placement; }
+  bool holds_any(size_t t) const { return !tensors_[t].placement.empty(); }
   // Elements of this rank's tensor t that a slice at `source` holds.
   uint64_t needs(size_t t, const Placement& source) const { return for_each_overlap(source, placement(t), nullptr); }
 
@@ -128,9 +129,10 @@ class Shard {
   // A resolved delta part's changes at this rank's positions (compact parts come unbased: their
   // values are rebased on the bits they replace, as every reader without host bits does).
   void apply(const ResolvedPart& part) {
-    for (auto& [t, dst] : bits_) {
-      const PatchRef& p = part.delta.patches[t];
-      if (!p.count) continue;
+    for (const auto& [t, p] : part.patches) {
+      const auto held = bits_.find(t);
+      if (held == bits_.end()) continue;
+      std::vector<uint8_t>& dst = held->second;
       const Placement& mine = placement(t);
       const uint32_t w = full_[t].width();
       std::vector<uint64_t> at;
@@ -232,31 +234,24 @@ void recover_anchor(Store& store, const protocol::Manifest& anchor, Shard& shard
 
 void recover_delta(Store& store, const protocol::Manifest& m, Shard& shard, ResumeCounters& counters) {
   const size_t T = shard.full().size();
-  std::vector<protocol::DeltaPart> parts = m.delta_parts;
-  if (m.delta) {  // one part: the whole model
-    protocol::DeltaPart whole;
-    whole.object = *m.delta;
-    for (const TensorMeta& meta : shard.full()) whole.placements[meta.name] = whole_placement(meta.numel());
-    parts.push_back(std::move(whole));
-  }
-  for (const protocol::DeltaPart& part : parts) {
-    std::vector<Placement> placements(T);
+  const std::vector<protocol::ObjectRef> objects = protocol::delta_objects(m);
+  for (size_t k = 0; k < objects.size(); ++k) {
+    // One part (`delta`) covers the whole model; a part of several, what its manifest places in it.
+    auto held = [&](size_t t) {
+      const TensorMeta& meta = shard.full()[t];
+      return m.delta ? whole_placement(meta.numel()) : m.part_placements.placement(meta.name, k);
+    };
     bool needed = false;
-    for (size_t t = 0; t < T; ++t) {
-      const auto it = part.placements.find(shard.full()[t].name);
-      if (it == part.placements.end()) continue;
-      placements[t] = it->second;
-      needed = needed || shard.needs(t, it->second) > 0;
-    }
+    for (size_t t = 0; t < T && !needed; ++t) needed = shard.holds_any(t) && shard.needs(t, held(t)) > 0;
     if (!needed) continue;
-    const std::string where = store.describe(part.object.key);
-    std::vector<uint8_t> bytes = store.get(part.object.key);
-    protocol::verify_object(part.object, bytes, where);
+    const std::string where = store.describe(objects[k].key);
+    std::vector<uint8_t> bytes = store.get(objects[k].key);
+    protocol::verify_object(objects[k], bytes, where);
     counters.bytes_read += bytes.size();
     ++counters.whole_objects;
     const st::File file = st::File::from_bytes(std::move(bytes), where);
     ResolvedPart resolved;
-    resolve_delta_part(m, file, shard.full(), {}, placements, resolved);
+    resolve_delta_part(m, file, shard.full(), {}, held, resolved);
     shard.apply(resolved);
   }
 }
@@ -307,31 +302,18 @@ ShardRecovery recover_shard(Store& store, std::span<const ShardTensor> tensors, 
   return out;
 }
 
-void check_recovery(std::span<const PartReceipt> receipts, uint64_t version, std::span<const uint64_t> expected) {
+void check_recovery(const GatheredReceipts& g, uint64_t version, std::span<const uint64_t> expected) {
   const std::string label = "resume from version " + std::to_string(version);
-  for (const PartReceipt& r : receipts)
+  for (const PartReceipt& r : g.receipts)
     if (!r.error.empty()) throw Error(label + ": rank " + std::to_string(r.rank) + " failed: " + r.error);
-  if (receipts.empty()) throw Error(label + ": no receipts");
-  std::vector<std::string> names;
-  for (const PartReceipt& r : receipts) {
-    names.push_back("rank " + std::to_string(r.rank));
-    if (r.tensors.size() != expected.size())
-      throw Error(label + ": rank " + std::to_string(r.rank) + " reports " + std::to_string(r.tensors.size()) + " tensors, the store " +
-                  std::to_string(expected.size()));
-  }
-  for (size_t t = 0; t < expected.size(); ++t) {
-    std::vector<Placement> placements;
-    uint64_t sum = 0;
-    for (const PartReceipt& r : receipts) {
-      placements.push_back(r.tensors[t].placement);
-      sum += r.tensors[t].digest;
-    }
-    const PartReceipt::Tensor& x = receipts[0].tensors[t];
-    check_tiling(placements, names, TensorMeta{x.name, x.dtype, x.shape}.numel(), x.name, label);
-    if (sum != expected[t])
-      throw BadInputError(label + ": tensor " + x.name + ": the ranks' recovered shards sum to digest " + digest_to_hex(sum) +
-                          ", its manifest records " + digest_to_hex(expected[t]));
-  }
+  const RankPlacements ranks = rank_placements(g, label);  // every tensor tiled by the ranks' shards
+  if (ranks.model.size() != expected.size() || g.digests.size() != expected.size())
+    throw Error(label + ": " + std::to_string(ranks.model.size()) + " tensors, " + std::to_string(g.digests.size()) + " summed partials, the store " +
+                std::to_string(expected.size()));
+  for (size_t t = 0; t < expected.size(); ++t)
+    if (g.digests[t] != expected[t])
+      throw BadInputError(label + ": tensor " + ranks.model[t].name + ": the ranks' recovered shards sum to digest " +
+                          digest_to_hex(g.digests[t]) + ", its manifest records " + digest_to_hex(expected[t]));
 }
 
 }  // namespace deltasync

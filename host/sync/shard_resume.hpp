@@ -4,8 +4,9 @@
 // claimed the store), so the group's next version is a delta against it.
 //
 //   all:  receipt = publisher.recover()       this rank's shard, read from the store (never throws)
-//   all:  all-gather the receipts              (torch.distributed in the Python layer)
-//   all:  publisher.adopt(receipts)            the same verdict on every rank; then the shadow
+//   all:  all-gather the receipts, all-reduce their partials (torch.distributed in the Python
+//         layer; and every rank's table when tables_needed)
+//   all:  publisher.adopt(receipts, sums)      the same verdict on every rank; then the shadow
 //
 // What a rank reads, on the chain plan_catch_up gives from nothing to `since` (an anchor, then
 // the deltas after it), and only what overlaps its own placements:
@@ -18,9 +19,8 @@
 //     (shard_parts.hpp: resolve_delta_part), then applied to the rank's elements.
 // Placements are in full-tensor coordinates, so a group of another world size (or sharding) than
 // the one that published resumes alike. Verification of the result: each rank's partial digests
-// of its recovered shard are summed across the ranks (adopt, over the gathered receipts) and must
-// equal the manifest's digests at `since`, tensor by tensor -- which also covers what was read by
-// ranges. Nothing is written to the store or to the trainer's weights: the trainer's weights may
+// of its recovered shard are summed across the ranks (the all-reduce) and must equal the
+// manifest's digests at `since`, tensor by tensor -- which also covers what was read by ranges. Nothing is written to the store or to the trainer's weights: the trainer's weights may
 // differ from the store's (the next delta carries the difference).
 #pragma once
 #include <cstdint>
@@ -50,10 +50,10 @@ struct ShardRecovery {
 // (name, dtype, full shape), anchor parts that do not cover the rank's elements exactly.
 ShardRecovery recover_shard(Store& store, std::span<const ShardTensor> tensors, const protocol::Fence& fence);
 
-// Every rank's recovery receipt (rank order; PartReceipt's tensors carry the placements and the
-// partials) against the manifest's digests at `version`: throws Error with one line, the same
-// on every rank, when a rank failed ("resume from version V: rank R failed: ..."), the ranks'
-// placements do not tile a tensor, or a tensor's partials do not sum to its digest.
-void check_recovery(std::span<const PartReceipt> receipts, uint64_t version, std::span<const uint64_t> expected);
+// Every rank's recovery receipt (rank order) and the summed partials against the manifest's
+// digests at `version`: throws Error with one line, the same on every rank, when a rank failed
+// ("resume from version V: rank R failed: ..."), the ranks' placements do not tile a tensor, or a
+// tensor's partials do not sum to its digest.
+void check_recovery(const GatheredReceipts& gathered, uint64_t version, std::span<const uint64_t> expected);
 
 }  // namespace deltasync

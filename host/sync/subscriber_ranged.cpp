@@ -17,16 +17,16 @@ std::vector<std::vector<uint8_t>> Subscriber::fetch_planned(const std::vector<pr
   // Which objects are read by ranges: the deltas that are sealed and compact (older objects and
   // the interoperable layout are read whole, SHA-256 checked as before).
   std::vector<bool> by_ranges(objects.size(), false);
-  std::vector<const std::map<std::string, Placement>*> placements(objects.size(), nullptr);
+  std::vector<ranged::PartScope> scopes(objects.size());
   size_t k = anchor_parts;
   for (const auto* m : chain) {
     if (m->delta) {
       by_ranges[k++] = ranged::can_read_ranged(*m->delta, m->delta_format);
       continue;
     }
-    for (const auto& part : m->delta_parts) {
-      placements[k] = &part.placements;
-      by_ranges[k++] = ranged::can_read_ranged(part.object, m->delta_format);
+    for (size_t part = 0; part < m->delta_parts.size(); ++part) {
+      scopes[k] = ranged::PartScope{&m->part_placements, part};
+      by_ranges[k++] = ranged::can_read_ranged(m->delta_parts[part].object, m->delta_format);
     }
   }
   std::vector<protocol::ObjectRef> whole;
@@ -45,7 +45,7 @@ std::vector<std::vector<uint8_t>> Subscriber::fetch_planned(const std::vector<pr
   std::vector<uint64_t> bytes(ranged_at.size(), 0);
   http::run_parallel(ranged_at.size(), options_.parallel_fetches, [&](size_t j) {
     const size_t i = ranged_at[j];
-    ranged::RangedDelta read = ranged::fetch_needed(store_, objects[i], *needed, placements[i]);
+    ranged::RangedDelta read = ranged::fetch_needed(store_, objects[i], *needed, scopes[i]);
     bytes[j] = read.bytes_fetched;
     out[i] = std::move(read.file);
   });

@@ -22,6 +22,7 @@ MODE: fsdp2   a Sequential of Linears sharded with fully_shard, trained with Ada
 KILL_AT: rank 1 uploads its part of that version and is SIGKILLed before the gather.
 """
 import datetime
+import glob
 import json
 import os
 import signal
@@ -119,15 +120,36 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
 
-    if mode == "mismatch":
+    if mode in ("mismatch", "overlap", "missing"):
+        # Plain per-rank tensors with offsets (no rule: each rank's placement travels in its
+        # receipt). mismatch: rank 1 says another shape (its table's hash differs: rank 0 gathers
+        # the tables); overlap: rank 1's elements start inside rank 0's; missing: rank 1's anchor
+        # part is gone from the store before rank 0 commits.
         local = torch.zeros(16, dtype=torch.bfloat16)
-        shape = [8, 4] if rank == 0 else [8, 5]
-        pub = deltasync.ShardedDeltaPublisher({"w": local}, store=store, offsets={"w": (shape, 16 * rank)})
+        shape = [8, 5] if mode == "mismatch" and rank == 1 else [8, 4]
+        offset = 8 if mode == "overlap" and rank == 1 else 16 * rank
+        pub = deltasync.ShardedDeltaPublisher({"w": local}, store=store, offsets={"w": (shape, offset)})
+        if mode == "missing" and rank == 1:
+            real = pub._native
+
+            class LosesItsPart:
+                def __getattr__(self, name):
+                    return getattr(real, name)
+
+                def publish_part(self, version, local, anchor):
+                    receipt = real.publish_part(version, local, anchor)
+                    root = store[len("file://"):]
+                    for part in glob.glob(os.path.join(root, "anchors", f"{version:020d}-*", "part-00001.safetensors")):
+                        os.remove(part)
+                    return receipt
+
+            pub._native = LosesItsPart()
         try:
-            pub.publish(first)
-            print("PUBLISHED", flush=True)
+            outcome = pub.publish(first)
+            print("PUBLISHED", json.dumps(outcome), flush=True)
         except ShardedPublishError as e:
             print("REFUSED", e, flush=True)
+            print("OUTCOME", json.dumps(pub.last_outcome), flush=True)
         dist.destroy_process_group()
         return
 

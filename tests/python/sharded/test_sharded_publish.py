@@ -2,7 +2,8 @@
 its own shard, the group commits each version once, and a single-process DeltaSubscriber and the
 CLI's `pull` stay bit-identical to the gathered weights at every version. Also: a rank killed
 mid-publish makes nothing visible and a restarted group publishes on; ranks disagreeing about a
-tensor's shape are refused on every rank. Fencing: another run's group is refused on every rank
+tensor's shape, ranks whose placements overlap and a part missing from the store are refused on
+every rank with one line. Fencing: another run's group is refused on every rank
 and writes nothing, taking over is explicit, a restarted group takes a new epoch and the old
 group, still alive, is refused with nothing of it visible."""
 import json
@@ -86,8 +87,13 @@ def test_every_rank_publishes_its_shard_and_followers_stay_bit_identical(mode, w
     assert all(o["committed"] for o in outcomes)
     assert [o["anchor"] for o in outcomes] == [True, False, False, False, True, False]
     assert all(o["changed_elements"] > 0 for o in outcomes[1:]), outcomes
-    # No tensor data crosses between ranks: what the gather moves is references and digests.
-    assert all(o["gathered_bytes"] < 64 * 1024 for o in outcomes), outcomes
+    # No tensor data crosses between ranks: what the gather moves is references and hashes (a few
+    # hundred bytes a rank: rank 0 derives the placements from the DTensors' rules), what the
+    # reduce sums the digest partials (16 B a tensor); no table is gathered.
+    assert all(o["gathered_bytes"] < 1024 * world for o in outcomes), outcomes
+    assert all(o["table_bytes"] == 0 for o in outcomes), outcomes
+    tensors = len(torch.load(out / "v1.pt"))
+    assert all(o["reduce_bytes"] == 16 * tensors for o in outcomes), outcomes
     manifest = json.loads((tmp_path / "store" / "manifests" / f"{2:020d}.json").read_text())
     assert manifest["delta"] is None and len(manifest["delta_parts"]) >= 2
     plans = check_followers(store, out, list(range(1, 7)), run_cli, tmp_path)
@@ -134,16 +140,50 @@ def test_a_rank_killed_mid_publish_makes_nothing_visible_and_a_restarted_group_p
     check_followers(store, out, [4, 5, 6], run_cli, tmp_path)
 
 
-def test_ranks_that_disagree_about_a_tensor_are_refused_on_every_rank(tmp_path):
-    store = tmp_path / "store"
-    results = launch(2, "mismatch", f"file://{store}", tmp_path, 1, 1)
+def refusals(results):
+    """Every rank's REFUSED lines and its outcome, after checking that it exited cleanly."""
+    out = []
     for rank, (rc, text) in enumerate(results):
         assert rc == 0, f"rank {rank} exited with {rc}:\n{text}"
-        refused = [line for line in text.splitlines() if line.startswith("REFUSED")]
-        assert refused == ["REFUSED version 1: rank 1 reports tensor w as BF16[8, 5], rank 0 as BF16[8, 4]"], text
+        refused = [line[len("REFUSED "):] for line in text.splitlines() if line.startswith("REFUSED")]
+        outcome = [json.loads(line[len("OUTCOME "):]) for line in text.splitlines() if line.startswith("OUTCOME")]
+        out.append((refused, outcome[0] if outcome else None))
+    return out
+
+
+def nothing_published(store: Path):
     assert not (store / "manifests").exists() or not any((store / "manifests").iterdir())
     # The group's claim is all there is: no version.
     assert (store / "LATEST").read_text() == "none\nrun unnamed\nepoch 1\nsince none\n"
+
+
+def test_ranks_that_disagree_about_a_tensor_are_refused_on_every_rank(tmp_path):
+    store = tmp_path / "store"
+    got = refusals(launch(2, "mismatch", f"file://{store}", tmp_path, 1, 1))
+    for refused, _ in got:
+        assert refused == ["version 1: rank 1 reports tensor w as BF16[8, 5], rank 0 as BF16[8, 4]"], got
+    # The receipts' table hashes differed, so rank 0 gathered the tables to name the rank and tensor.
+    assert got[0][1]["table_bytes"] > 0
+    nothing_published(store)
+
+
+def test_ranks_whose_placements_overlap_are_refused_on_every_rank(tmp_path):
+    store = tmp_path / "store"
+    got = refusals(launch(2, "overlap", f"file://{store}", tmp_path, 1, 1))
+    for refused, _ in got:
+        assert refused == ["version 1: tensor w: rank 0 and rank 1 overlap at position 8"], got
+    # Explicit offsets travel in the receipts: no second round.
+    assert got[0][1]["table_bytes"] == 0
+    nothing_published(store)
+
+
+def test_a_part_missing_from_the_store_is_refused_on_every_rank(tmp_path):
+    store = tmp_path / "store"
+    got = refusals(launch(2, "missing", f"file://{store}", tmp_path, 1, 1))
+    assert got[0][0] == got[1][0] and len(got[0][0]) == 1, got
+    line = got[0][0][0]
+    assert line.startswith("version 1: part ") and line.endswith(" of rank 1 is missing from the store"), line
+    nothing_published(store)
 
 
 def store_bytes(root: Path) -> dict:

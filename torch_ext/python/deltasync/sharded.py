@@ -1,9 +1,13 @@
 """Shard-local publish: a sharded trainer (FSDP2 `fully_shard`, DTensor `Shard(d)` /
 `Replicate()` on a 1-D mesh, or plain per-rank tensors with a global offset) publishes without
 gathering. Every rank encodes its own shard against its own shadow and uploads its part; rank 0
-gathers the small receipts (torch.distributed, the default or given group), the C++ core checks
-that the parts tile every tensor and commits the version once; the outcome is broadcast, so every
-rank knows whether the version became visible. Readers see an ordinary store: a version published
+gathers the small receipts (a few hundred bytes each: hashes of the rank's tensor table and
+placement rules, its object references) and the partial digests summed by a reduce
+(torch.distributed, the default or given group), the C++ core derives every rank's placements
+from the rules, checks that the parts tile every tensor and commits the version once; the outcome
+is broadcast, so every rank knows whether the version became visible. Only when a rank's table or
+rules differ from rank 0's does rank 0 gather every rank's whole table, to name the rank and tensor
+(or to commit placements no rule gives). Readers see an ordinary store: a version published
 by 8 ranks reads exactly like one published by 1 (host/sync/shard_publish.hpp, shard_parts.hpp).
 
     model = fully_shard(model)                       # on every rank
@@ -13,8 +17,8 @@ by 8 ranks reads exactly like one published by 1 (host/sync/shard_publish.hpp, s
         pub.publish(step)                            # every rank, same version
 
 Construct and publish on every rank of the group, like a collective. Python only reads where the
-shards sit (placements, device_mesh, to_local(); never full_tensor()) and runs the gather and the
-broadcast; the C++ core does the rest.
+shards sit (placements, device_mesh, to_local(); never full_tensor()) and runs the reduce, the
+gathers and the broadcast; the C++ core does the rest.
 
 Fencing is DeltaPublisher's: rank 0 claims the store once at construction (run_id=, take_over=),
 the outcome is broadcast, and a refusal is raised on every rank before anything is written.
@@ -119,10 +123,23 @@ class ShardedDeltaPublisher:
         self.resumed_version: int | None = None
         self.resume_report: dict | None = None
         if resume:
+            receipt, halves = self._native.recover()
+            halves = halves.to(self._collective_device())
+            dist.all_reduce(halves, group=self.group)
             receipts = [None] * self.world
-            dist.all_gather_object(receipts, self._native.recover(), group=self.group)
-            self.resumed_version = self._native.adopt(receipts)
+            dist.all_gather_object(receipts, receipt, group=self.group)
+            tables = None
+            if self._native.tables_needed(receipts):
+                tables = [None] * self.world
+                dist.all_gather_object(tables, self._native.table(), group=self.group)
+            self.resumed_version = self._native.adopt(receipts, halves, tables)
             self.resume_report = self._native.resume_report()
+
+    def _collective_device(self) -> torch.device:
+        """Where the reduced partials live: NCCL reduces CUDA tensors only."""
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     def _locals(self):
         pairs = [_spec(n, t, self._offsets, self.rank) for n, t in zip(self.names, self._params)]
@@ -132,23 +149,36 @@ class ShardedDeltaPublisher:
     def publish(self, version: int, anchor: bool | None = None) -> dict:
         """Every rank, the same version: encodes and uploads this rank's part, then the group
         commits it once. Returns the outcome (committed, anchor, delta_bytes, anchor_bytes,
-        changed_elements); raises ShardedPublishError on every rank when the version did not
-        become visible, ShardedFencedError when because the group was fenced off (and from then on
-        at every publish)."""
+        changed_elements, and this rank's inter-rank bytes: receipt_bytes, reduce_bytes, and at
+        rank 0 gathered_bytes, table_bytes when the tables were gathered); raises
+        ShardedPublishError on every rank when the version did not become visible,
+        ShardedFencedError when because the group was fenced off (and from then on at every
+        publish)."""
         version = int(version)
         want_anchor = self._native.anchor_due(version) if anchor is None else bool(anchor)
         try:
-            receipt = self._native.publish_part(version, self._locals()[1], want_anchor)
+            receipt, halves = self._native.publish_part(version, self._locals()[1], want_anchor)
         except Exception as e:  # noqa: BLE001 -- reported to rank 0 so that nothing is committed
-            receipt = self._native.failed_receipt(version, f"{type(e).__name__}: {e}")
+            receipt, halves = self._native.failed_receipt(version, f"{type(e).__name__}: {e}")
+        # The partials add mod 2^64: summed as 32-bit halves in int64 (no signed overflow).
+        halves = halves.to(self._collective_device())
+        dist.reduce(halves, dst=self._root, op=dist.ReduceOp.SUM, group=self.group)
         gathered = [None] * self.world if self.rank == 0 else None
         dist.gather_object(receipt, gathered, dst=self._root, group=self.group)
-        box = [self._native.commit(gathered) if self.rank == 0 else None]
+        box = [self._native.commit(gathered, halves) if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=self._root, group=self.group)
+        tables = None
+        if json.loads(box[0])["needs_tables"]:  # a rank's table or rules differ: rank 0 reads them all
+            tables = [None] * self.world if self.rank == 0 else None
+            dist.gather_object(self._native.table(), tables, dst=self._root, group=self.group)
+            box = [self._native.commit(gathered, halves, tables) if self.rank == 0 else None]
+            dist.broadcast_object_list(box, src=self._root, group=self.group)
         self._native.conclude(box[0])
         outcome = json.loads(box[0])
         outcome["receipt_bytes"] = len(receipt)
+        outcome["reduce_bytes"] = halves.numel() * halves.element_size()
         outcome["gathered_bytes"] = sum(len(r) for r in gathered) if gathered else 0
+        outcome["table_bytes"] = sum(len(t) for t in tables) if tables else 0
         self.last_outcome = outcome
         self.outcomes.append(outcome)
         if not outcome["committed"]:
