@@ -265,11 +265,51 @@ def test_redirects_are_followed_only_to_the_same_host(run_cli, moto_s3, proxy, t
     out_path = tmp_path / "reader.safetensors"
     run_cli("pull", "--store", store, "-o", out_path, env=env)
     assert_identical(out_path, trainer.versions[1], 1)
-    # Another host (even another port on loopback) never gets the signed request.
-    proxy.add("redirect", times=1, method="GET", path_contains="/LATEST", location=f"{moto_s3.endpoint}{path}")
-    result = run_cli("pull", "--store", store, "-o", tmp_path / "other.safetensors", check=False, env=env)
+    # Another host (even another port on loopback) never gets a signed request: a GET redirected
+    # there is followed as to a pre-signed URL (no Authorization, no x-amz-* header, no
+    # conditional header); the store then takes LATEST's tag from HEADs and reads on.
+    other = _RecordingServer()
+    try:
+        proxy.add("redirect", times=1, method="GET", path_contains="/LATEST", location=f"{other.url}{path}?X-Amz-Signature=s")
+        run_cli("pull", "--store", store, "-o", tmp_path / "other.safetensors", env=env)
+        assert_identical(tmp_path / "other.safetensors", trainer.versions[1], 1)
+        assert other.requests, "the redirect was not followed"
+        for method, headers in other.requests:
+            names = {k.lower() for k in headers}
+            assert method == "GET" and "authorization" not in names, headers
+            assert not [n for n in names if n.startswith("x-amz-") or n.startswith("if-")], headers
+    finally:
+        other.stop()
+    # Anything but a GET redirected elsewhere is refused: a PUT carries its signature and body.
+    proxy.add("redirect", times=1, method="PUT", location=f"{moto_s3.endpoint}/{BUCKET}/elsewhere")
+    result = trainer.publish(check=False)
     assert result.returncode != 0
-    assert "redirected to another host" in result.stderr, result.stderr
+    assert "PUT redirected to another host" in result.stderr and "refusing to follow" in result.stderr, result.stderr
+
+
+class _RecordingServer:
+    """Another origin: records each request's method and headers, answers 403."""
+
+    def __init__(self):
+        from fault_proxy import QuietHandler, ThreadingServer
+
+        self.requests = []
+        recorder = self
+
+        class Handler(QuietHandler):
+            def _handle(self):
+                recorder.requests.append((self.command, dict(self.headers.items())))
+                self.send_all(403, [], b"")
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _handle
+
+        self.server = ThreadingServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def test_large_model_uses_multipart_upload_and_parallel_ranged_gets(run_cli, moto_s3, proxy, tmp_path, request):
