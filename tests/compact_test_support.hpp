@@ -127,17 +127,17 @@ inline std::string sweep_case(deltasync::DType dtype, double density, Change kin
 inline std::vector<deltasync::compact::EncodedTensorView> views_of(
     const std::vector<deltasync::compact::EncodedTensor>& encoded) {
   std::vector<deltasync::compact::EncodedTensorView> views;
-  for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload, e.version});
+  for (const auto& e : encoded) views.push_back(e.view());
   return views;
 }
 
 // An encoded tensor whose block index a test edits by the documented field offsets
-// (docs/compact-format.md): a 24-byte header, then one 32-byte record a block.
+// (docs/compact-format.md): a 24-byte header (32 in index version 2), then one 32-byte record a block.
 struct EditableTensor {
   deltasync::compact::EncodedTensor e;
 
-  static constexpr size_t kHeaderChanged = 0, kHeaderPayload = 8, kHeaderBlocks = 20;
-  static size_t record(size_t b) { return 24 + 32 * b; }
+  static constexpr size_t kHeaderChanged = 0, kHeaderPayload = 8, kHeaderBlocks = 20, kHeaderBands = 24, kHeaderStripes = 28;
+  size_t record(size_t b) const { return deltasync::compact::index_header_bytes(e.index_version) + 32 * b; }
   static constexpr size_t kFirst = 0, kOffset = 8, kCount = 16, kTable = 20, kRans = 24, kBits = 28;
 
   template <typename T>
@@ -155,7 +155,7 @@ struct EditableTensor {
     set<T>(at, static_cast<T>(get<T>(at) + delta));
   }
   uint32_t blocks() const { return get<uint32_t>(kHeaderBlocks); }
-  std::vector<deltasync::compact::EncodedTensorView> views() const { return {{e.name, e.block_index, e.payload, e.version}}; }
+  std::vector<deltasync::compact::EncodedTensorView> views() const { return {e.view()}; }
 
   // Flips one to three random bits, in the block index one time in four, else in the payload.
   void flip_random_bits(std::mt19937_64& rng) {

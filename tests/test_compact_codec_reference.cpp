@@ -219,6 +219,10 @@ void expect_version_matches_reference(const ds::TensorMeta& meta, const void* ba
 
   const uint32_t num_blocks = read_le<uint32_t>(e.block_index, 20);
   ASSERT_EQ(num_blocks, (positions.size() + block_elements - 1) / block_elements);
+  // The writers' default is index version 2 (32-byte header: a 1-D tensor has one tile).
+  ASSERT_EQ(e.index_version, compact::kIndexVersion2);
+  EXPECT_EQ(read_le<uint32_t>(e.block_index, 24), 1u);
+  EXPECT_EQ(read_le<uint32_t>(e.block_index, 28), 1u);
   size_t offset = 0;
   for (uint32_t b = 0; b < num_blocks; ++b) {
     const size_t first = size_t{b} * block_elements;
@@ -226,7 +230,7 @@ void expect_version_matches_reference(const ds::TensorMeta& meta, const void* ba
     const ReferenceBlock ref =
         reference_block(positions.data() + first, new_bits.data() + first * w, base_bits.data() + first * w, count, w,
                         version);
-    const size_t record = 24 + 32 * size_t{b};
+    const size_t record = 32 + 32 * size_t{b};
     EXPECT_EQ(read_le<uint64_t>(e.block_index, record), static_cast<uint64_t>(positions[first])) << "block " << b;
     EXPECT_EQ(read_le<uint64_t>(e.block_index, record + 8), offset) << "block " << b;
     EXPECT_EQ(read_le<uint32_t>(e.block_index, record + 16), count) << "block " << b;
@@ -240,7 +244,7 @@ void expect_version_matches_reference(const ds::TensorMeta& meta, const void* ba
   }
   EXPECT_EQ(offset, e.payload.size());
 
-  const std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload, e.version}};
+  const std::vector<compact::EncodedTensorView> views{e.view()};
   const std::vector<ds::ConstTensorRef> refs{{meta.name, base, meta.numel(), w}};
   compact::DecodedDelta decoded;
   compact::decode(views, metas, refs, "mem", decoded);

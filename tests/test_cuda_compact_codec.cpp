@@ -508,7 +508,7 @@ TEST_F(CudaCompactCorrupt, TruncatedStreams) {
   }
   {  // the last block's raw bits lose a byte, consistently in the index
     Corruptible c;
-    const size_t last = Corruptible::record(c.blocks() - 1);
+    const size_t last = c.record(c.blocks() - 1);
     c.e.payload.pop_back();
     c.add<uint32_t>(last + Corruptible::kBits, -1);
     c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
@@ -516,21 +516,21 @@ TEST_F(CudaCompactCorrupt, TruncatedStreams) {
   }
   {  // a rANS stream loses bytes to the raw bits
     Corruptible c;
-    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kRans, -3);
-    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kBits, 3);
+    c.add<uint32_t>(c.record(1) + Corruptible::kRans, -3);
+    c.add<uint32_t>(c.record(1) + Corruptible::kBits, 3);
     expect_same_refusal(c, "block 1: ");
   }
   {  // a rANS stream shorter than its four states
     Corruptible c;
-    const uint32_t rans = c.get<uint32_t>(Corruptible::record(2) + Corruptible::kRans);
-    c.add<uint32_t>(Corruptible::record(2) + Corruptible::kRans, 12 - int64_t{rans});
-    c.add<uint32_t>(Corruptible::record(2) + Corruptible::kBits, int64_t{rans} - 12);
+    const uint32_t rans = c.get<uint32_t>(c.record(2) + Corruptible::kRans);
+    c.add<uint32_t>(c.record(2) + Corruptible::kRans, 12 - int64_t{rans});
+    c.add<uint32_t>(c.record(2) + Corruptible::kBits, int64_t{rans} - 12);
     expect_same_refusal(c, "block 2: rANS stream truncated");
   }
   {  // tables cut into the rANS stream
     Corruptible c;
-    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kTable, -2);
-    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kRans, 2);
+    c.add<uint32_t>(c.record(0) + Corruptible::kTable, -2);
+    c.add<uint32_t>(c.record(0) + Corruptible::kRans, 2);
     expect_same_refusal(c, "block 0: ");
   }
   {
@@ -569,26 +569,26 @@ TEST_F(CudaCompactCorrupt, TrailingBytesAndBadTables) {
   {
     Corruptible c;
     c.e.payload.push_back(0);
-    c.add<uint32_t>(Corruptible::record(c.blocks() - 1) + Corruptible::kBits, 1);
+    c.add<uint32_t>(c.record(c.blocks() - 1) + Corruptible::kBits, 1);
     c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
     expect_same_refusal(c, "raw bit stream has trailing bytes");
   }
   {  // a nonzero padding bit in the last raw byte
     Corruptible c;
     c.e.payload.push_back(0x80);
-    c.add<uint32_t>(Corruptible::record(c.blocks() - 1) + Corruptible::kBits, 1);
+    c.add<uint32_t>(c.record(c.blocks() - 1) + Corruptible::kBits, 1);
     c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
     expect_same_refusal(c, "raw bit stream has trailing bytes");
   }
   {
     Corruptible c;
-    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kTable, 1);
-    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kRans, -1);
+    c.add<uint32_t>(c.record(0) + Corruptible::kTable, 1);
+    c.add<uint32_t>(c.record(0) + Corruptible::kRans, -1);
     expect_same_refusal(c, "block 0: ");
   }
   {  // gap table announcing too many symbols (first byte of block 3's payload)
     Corruptible c;
-    const uint64_t at = c.get<uint64_t>(Corruptible::record(3) + Corruptible::kOffset);
+    const uint64_t at = c.get<uint64_t>(c.record(3) + Corruptible::kOffset);
     c.e.payload[at] = 0x7F;
     expect_same_refusal(c, "block 3: ");
   }
@@ -597,7 +597,7 @@ TEST_F(CudaCompactCorrupt, TrailingBytesAndBadTables) {
 TEST_F(CudaCompactCorrupt, Version2TruncatedStreamsAndBadStates) {
   {
     Corruptible c(compact::kFormatVersion2);
-    const size_t last = Corruptible::record(c.blocks() - 1);
+    const size_t last = c.record(c.blocks() - 1);
     c.e.payload.pop_back();
     c.add<uint32_t>(last + Corruptible::kBits, -1);
     c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
@@ -605,15 +605,15 @@ TEST_F(CudaCompactCorrupt, Version2TruncatedStreamsAndBadStates) {
   }
   {  // a lane's initial state out of range (block 2's state bytes follow its tables)
     Corruptible c(compact::kFormatVersion2);
-    const uint64_t at = c.get<uint64_t>(Corruptible::record(2) + Corruptible::kOffset) +
-                        c.get<uint32_t>(Corruptible::record(2) + Corruptible::kTable);
+    const uint64_t at = c.get<uint64_t>(c.record(2) + Corruptible::kOffset) +
+                        c.get<uint32_t>(c.record(2) + Corruptible::kTable);
     c.e.payload[at + 4 * 7 + 3] = 0xFF;
     expect_same_refusal(c, "block 2: rANS stream has an invalid initial state");
   }
   {  // the rANS stream loses a word to the raw bits
     Corruptible c(compact::kFormatVersion2);
-    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kRans, -2);
-    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kBits, 2);
+    c.add<uint32_t>(c.record(1) + Corruptible::kRans, -2);
+    c.add<uint32_t>(c.record(1) + Corruptible::kBits, 2);
     expect_same_refusal(c, "block 1: ");
   }
 }
@@ -694,7 +694,7 @@ std::string emulate_decode(const compact::EncodedTensor& e, const std::vector<ui
   std::vector<uint64_t> firsts;
   uint64_t first = 0;
   for (uint32_t b = 0; b < num_blocks; ++b) {
-    const uint8_t* r = e.block_index.data() + 24 + 32 * size_t{b};
+    const uint8_t* r = e.block_index.data() + compact::index_header_bytes(e.index_version) + 32 * size_t{b};
     const detail::CompactDecodeTask task{e.payload.data() + read_le(r + 8, 8),
                                          base.data(),
                                          out.indices.data() + first,
@@ -765,7 +765,7 @@ TEST(CompactBlockLogic, DecodesAndRefusesExactlyLikeTheCpuDecoder) {
           for (int k = 0; k < flips; ++k) e.payload[rng() % e.payload.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
           if (rng() % 2 == 0) {  // move the border between tables and rANS, or rANS and raw bits
             const auto blocks = static_cast<uint32_t>(block_logic::read_le(e.block_index.data() + 20, 4));
-            uint8_t* record = e.block_index.data() + 24 + 32 * size_t{rng() % blocks};
+            uint8_t* record = e.block_index.data() + compact::index_header_bytes(e.index_version) + 32 * size_t{rng() % blocks};
             const size_t at = 20 + 4 * (rng() % 2);
             const int64_t shift = static_cast<int64_t>(rng() % 11) - 5;
             uint32_t a = 0, b = 0;
@@ -779,7 +779,7 @@ TEST(CompactBlockLogic, DecodesAndRefusesExactlyLikeTheCpuDecoder) {
             }
           }
         }
-        const std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload, e.version}};
+        const std::vector<compact::EncodedTensorView> views{e.view()};
         const Outcome cpu = cpu_decode(views, m, "fuzz");
         ds::SparseDelta gpu;
         const std::string gpu_error = block_logic::emulate_decode(e, m.base[0], m.meta[0].numel(), w, gpu);

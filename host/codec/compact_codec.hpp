@@ -71,7 +71,7 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
 // ---- safetensors container -------------------------------------------------------------------
 
 // Metadata: sparse="True", format="compact", compact_version, compact_block_elements,
-// model_version, base_version (when known), sparsity, changed_params, total_elements,
+// compact_index_version (when 2: options that tile), model_version, base_version (when known), sparsity, changed_params, total_elements,
 // total_changed_elements, tensor_shapes (same meaning as in the interoperable layout), plus
 // info.extra verbatim.
 std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors, const DeltaView& delta,
@@ -91,6 +91,11 @@ std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors
 
 // True when the file's metadata says format="compact".
 bool is_compact_delta(const st::File& file);
+
+// The metadata's compact_index_version: 1 when absent, 1 or 2; anything else is refused
+// (BadInputError "LABEL: unsupported compact_index_version 'X' ...").
+inline constexpr std::string_view kIndexVersionKey = "compact_index_version";
+uint32_t read_index_version(const st::Metadata& metadata, const std::string& label);
 
 // A compact delta file read up to its blocks -- what every decoder (this one and its GPU twin)
 // checks before decoding: format and compact_version, the delta's metadata, NAME.cindex /
