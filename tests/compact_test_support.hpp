@@ -26,10 +26,12 @@ struct Model {
   deltasync::SparseDelta delta;
 
   // A 1-D tensor whose base and current bits are all zero.
-  void add(std::string name, deltasync::DType dtype, uint64_t numel) {
-    meta.push_back({std::move(name), dtype, {numel}});
-    base.emplace_back(numel * deltasync::dtype_width(dtype));
-    current.emplace_back(numel * deltasync::dtype_width(dtype));
+  void add(std::string name, deltasync::DType dtype, uint64_t numel) { add_shaped(std::move(name), dtype, {numel}); }
+  // The same of any shape (two or more dimensions: the codec may cut it into tiles).
+  void add_shaped(std::string name, deltasync::DType dtype, std::vector<uint64_t> shape) {
+    meta.push_back({std::move(name), dtype, std::move(shape)});
+    base.emplace_back(meta.back().numel() * deltasync::dtype_width(dtype));
+    current.emplace_back(meta.back().numel() * deltasync::dtype_width(dtype));
   }
   // Runs the CPU encode on a copy of the base (the shadow), filling `delta`; the base itself
   // stays as it was, for the decode to read.
@@ -121,6 +123,23 @@ inline Model sweep_model(deltasync::DType dtype, double density, Change kind, st
 inline std::string sweep_case(deltasync::DType dtype, double density, Change kind) {
   return std::string(deltasync::dtype_name(dtype)) + " density " + std::to_string(density) + " kind " +
          std::to_string(int(kind));
+}
+
+// A model of tensors that the writers cut into tiles at `density` with blocks of `block`: a
+// [rows, cols] matrix, a 3-D tensor (rows = its first two dimensions), a 1-D tensor (never tiled)
+// and one whose columns no power of two above 1 divides (stripes only), with weight-like bits
+// and one-ulp changes.
+inline Model tiled_model(deltasync::DType dtype, double density, std::mt19937_64& rng) {
+  Model m;
+  m.add_shaped("mlp.w", dtype, {192, 96});
+  m.add_shaped("experts.w", dtype, {4, 24, 64});
+  m.add_shaped("norm", dtype, {300});
+  m.add_shaped("odd.w", dtype, {64, 75});
+  for (size_t t = 0; t < m.meta.size(); ++t) {
+    fill_base(m.base[t], m.meta[t].width(), rng, false);
+    make_changes(m, t, density, Change::Ulp, rng);
+  }
+  return m;
 }
 
 // What compact::decode reads: views of the encoder's output.

@@ -2,9 +2,10 @@
 // the same .cindex/.cdata bytes for every width, density, kind of change and block size; decode
 // returns the same positions, new bits and base bits, which cuda::Applier turns into the new
 // weights; and every corrupt payload is refused with the CPU twin's exact message, leaving the
-// base as it was. Every test skips where no CUDA device exists, except CompactBlockLogic: the
-// device's per-block decode logic is plain host/device code, run here on the host against the
-// CPU decoder, so that a change to the CPU decoder's order of checks is caught without a GPU.
+// base as it was. Every test skips where no CUDA device exists, except CompactBlockLogic and
+// CompactTileLogic: the device's per-block decode logic and its per-change reordering of tiled
+// tensors are plain host/device code, run here on the host against the CPU codec, so that a
+// change to the CPU decoder's order of checks or to the tile order is caught without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -27,6 +28,8 @@
 // White-box: the block logic the decode kernel runs (and its message text), compiled for the host.
 #include "../kernels/src/compact_decode_kernels.cuh"
 #include "../kernels/src/compact_fault_text.hpp"
+#include "../kernels/src/compact_tile_kernels.cuh"
+#include "codec/compact_tile_order.hpp"
 
 namespace ds = deltasync;
 namespace compact = deltasync::compact;
@@ -180,6 +183,7 @@ class CudaCompactCodec : public testing::Test {
     for (size_t i = 0; i < cpu.size(); ++i) {
       EXPECT_EQ(gpu[i].name, cpu[i].name);
       EXPECT_EQ(gpu[i].changed, cpu[i].changed);
+      EXPECT_EQ(gpu[i].index_version, cpu[i].index_version);
       EXPECT_EQ(gpu[i].block_index, cpu[i].block_index) << cpu[i].name;
       EXPECT_EQ(gpu[i].payload, cpu[i].payload) << cpu[i].name;
     }
@@ -356,6 +360,21 @@ TEST_F(CudaCompactCodec, RealisticAdamWSteps) {
     for (size_t t = 0; t < m.meta.size(); ++t) std::memcpy(m.current[t].data(), sim.bf16(t), m.current[t].size());
     SCOPED_TRACE("step " + std::to_string(step));
     expect_codecs_agree(m, compact::kDefaultBlockElements);
+  }
+}
+
+// Tensors cut into tiles (banded: coded positions; stripes only): the device encoder writes the
+// CPU's bytes, and decodes them (a CPU publisher's file) into flat order on the device base.
+TEST_F(CudaCompactCodec, TiledTensorsEncodeAndDecodeLikeTheCpu) {
+  for (ds::DType dtype : kOneOfEachWidth) {
+    for (double density : {0.01, 0.1, 1.0}) {
+      for (uint32_t block : {7u, 16u, 64u, 16384u}) {
+        std::mt19937_64 rng(block + static_cast<uint64_t>(density * 100));
+        Model m = tiled_model(dtype, density, rng);
+        SCOPED_TRACE(std::string(ds::dtype_name(dtype)) + " density " + std::to_string(density) + " block " + std::to_string(block));
+        expect_codecs_agree(m, block);
+      }
+    }
   }
 }
 
@@ -549,6 +568,24 @@ TEST_F(CudaCompactCorrupt, BadBlockIndex) {
     defect.apply(c);
     expect_same_refusal(c, defect.fragment);
   }
+}
+
+TEST_F(CudaCompactCorrupt, ABlockCrossingATileIsRefusedLikeTheCpu) {
+  Corruptible c;
+  Model m;
+  std::mt19937_64 rng(5);
+  m.add_shaped("layer.w", ds::DType::BF16, {150, 200});
+  fill_base(m.base[0], 2, rng, false);
+  make_changes(m, 0, 0.05, Change::Ulp, rng);
+  m.encode();
+  compact::Options options;
+  options.block_elements = 500;  // ~1500 changes in 3 blocks: one tile
+  c.m = m;
+  c.e = compact::encode(m.meta, m.delta.view(), options).at(0);
+  ASSERT_EQ(c.e.index_version, compact::kIndexVersion2);
+  // Stripes the blocks were not cut by: some block crosses into the next stripe.
+  c.set<uint32_t>(Corruptible::kHeaderStripes, 2 * c.get<uint32_t>(Corruptible::kHeaderStripes));
+  expect_same_refusal(c, "crosses a tile boundary");
 }
 
 TEST_F(CudaCompactCorrupt, OverlongGap) {
@@ -800,3 +837,93 @@ TEST(CompactBlockLogic, DecodesAndRefusesExactlyLikeTheCpuDecoder) {
 }
 
 }  // namespace
+
+namespace tile_logic {
+
+namespace detail = deltasync::cuda::detail;
+
+// What the tile kernels compute for one banded tensor, item by item on the host: segment counts,
+// their exclusive scan, then one reorder step per change (compact_tile_kernels.cuh).
+std::vector<uint64_t> scanned_segments(const detail::TiledTensor& t, bool band_major) {
+  const uint64_t segments = t.tiles.rows * t.tiles.bands;
+  std::vector<uint64_t> start(segments + 1, 0);
+  for (uint64_t s = 0; s < segments; ++s)
+    start[s + 1] = start[s] + (band_major ? detail::compact_tiles::band_row_count(t, s) : detail::compact_tiles::row_band_count(t, s));
+  return start;
+}
+
+}  // namespace tile_logic
+
+TEST(CompactTileLogic, TheKernelsReorderingAndTileStartsAreTheCpuTwins) {
+  namespace detail = deltasync::cuda::detail;
+  int banded = 0, striped = 0;
+  for (ds::DType dtype : kOneOfEachWidth) {
+    for (double density : {0.02, 0.3, 1.0}) {
+      const uint32_t w = ds::dtype_width(dtype);
+      std::mt19937_64 rng(static_cast<uint64_t>(density * 1000) + w);
+      Model m = tiled_model(dtype, density, rng);
+      m.encode();
+      SCOPED_TRACE(std::string(ds::dtype_name(dtype)) + " density " + std::to_string(density));
+      for (size_t t = 0; t < m.meta.size(); ++t) {
+        const uint64_t n = m.delta.view().count(t);
+        if (n == 0) continue;
+        const compact::TileGeometry g = compact::choose_tiles(m.meta[t].shape, n, 16, 8);
+        if (g.tiles() == 1) continue;
+        const std::span<const int64_t> positions(m.delta.indices.data() + m.delta.offsets[t], n);
+        const std::span<const uint8_t> new_bits(m.delta.values.data() + m.delta.value_offsets[t], n * w);
+        const std::span<const uint8_t> base_bits(m.delta.base_values.data() + m.delta.value_offsets[t], n * w);
+        const compact::CodedOrder cpu = compact::to_coded_order(g, positions, new_bits, base_bits, w);
+
+        // Encoder: flat -> coded order, then the tile starts.
+        std::vector<int64_t> coded(n);
+        std::vector<uint8_t> coded_new(n * w), coded_base(n * w);
+        detail::TiledTensor enc{positions.data(), new_bits.data(), base_bits.data(), nullptr, coded.data(), coded_new.data(),
+                                coded_base.data(), n, 0, 0, 0, g, w};
+        if (g.bands > 1) {
+          const std::vector<uint64_t> start = tile_logic::scanned_segments(enc, true);
+          for (uint64_t i = 0; i < n; ++i) detail::compact_tiles::to_coded_one(enc, i, start.data());
+          EXPECT_EQ(coded, cpu.positions) << m.meta[t].name;
+          EXPECT_EQ(coded_new, cpu.new_bits) << m.meta[t].name;
+          EXPECT_EQ(coded_base, cpu.base_bits) << m.meta[t].name;
+        }
+        const int64_t* coded_positions = g.bands > 1 ? coded.data() : positions.data();
+        for (uint32_t j = 0; j < g.tiles(); ++j)
+          EXPECT_EQ(detail::compact_tiles::tile_start(enc, coded_positions, j), cpu.tile_starts[j]) << m.meta[t].name << " tile " << j;
+        if (g.bands == 1) {
+          ++striped;
+          continue;
+        }
+        ++banded;
+
+        // Decoder: what the block decoder leaves (coded positions, new bits decoded against the
+        // base at the coded positions) back to flat order on the base: the delta itself.
+        std::vector<uint8_t> decoded_new(n * w), decoded_base(n * w);
+        for (uint64_t i = 0; i < n; ++i) {
+          const uint32_t at_q = load(m.base[t], static_cast<uint64_t>(coded[i]), w);
+          const uint32_t symbol = compact::value_symbol(load(coded_new, i, w), load(coded_base, i, w), w);
+          store(decoded_base, i, w, at_q);
+          store(decoded_new, i, w, compact::apply_value_symbol(symbol, at_q, w));
+        }
+        std::vector<int64_t> flat(n);
+        std::vector<uint8_t> flat_new(n * w), flat_base(n * w);
+        detail::TiledTensor dec{coded.data(), decoded_new.data(), decoded_base.data(), m.base[t].data(), flat.data(), flat_new.data(),
+                                flat_base.data(), n, 0, 0, 0, g, w};
+        const std::vector<uint64_t> start = tile_logic::scanned_segments(dec, false);
+        for (uint64_t i = 0; i < n; ++i) detail::compact_tiles::to_flat_one(dec, i, start.data());
+        EXPECT_TRUE(std::equal(flat.begin(), flat.end(), positions.begin())) << m.meta[t].name;
+        EXPECT_TRUE(std::equal(flat_new.begin(), flat_new.end(), new_bits.begin())) << m.meta[t].name;
+        EXPECT_TRUE(std::equal(flat_base.begin(), flat_base.end(), base_bits.begin())) << m.meta[t].name;
+        // And the CPU's own reorder of the same decoder output.
+        std::vector<int64_t> cpu_flat = coded;
+        std::vector<uint8_t> cpu_new = decoded_new, cpu_base = decoded_base;
+        compact::to_flat_order(g, cpu_flat, cpu_new, cpu_base, m.base[t].data(), w);
+        EXPECT_EQ(cpu_flat, flat);
+        EXPECT_EQ(cpu_new, flat_new);
+        EXPECT_EQ(cpu_base, flat_base);
+      }
+    }
+  }
+  EXPECT_GT(banded, 10);
+  EXPECT_GT(striped, 2);  // odd.w: 75 columns take no bands
+}
+

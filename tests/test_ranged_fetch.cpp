@@ -185,8 +185,8 @@ TEST(Tiles, ABlockIsNeededOnlyWhereItsTileMeetsTheNeededElements) {
 
 TEST(Tiles, WritersCutATensorIntoTilesOfAtLeastABlockEachBandsAndStripesTogether) {
   using Shape = std::vector<uint64_t>;
-  auto tiles = [](Shape shape, uint64_t changed, uint32_t block, uint32_t max_bands = 8, uint32_t max_stripes = 8) {
-    const compact::TileGeometry g = compact::choose_tiles(shape, changed, block, max_bands, max_stripes);
+  auto tiles = [](Shape shape, uint64_t changed, uint32_t block, uint32_t max_tiles = 8) {
+    const compact::TileGeometry g = compact::choose_tiles(shape, changed, block, max_tiles);
     return std::to_string(g.bands) + "x" + std::to_string(g.stripes);
   };
   EXPECT_EQ(tiles({1024, 1024}, 10000, 2048), "2x2");       // 4 tiles of >= 2048 changes
@@ -195,8 +195,9 @@ TEST(Tiles, WritersCutATensorIntoTilesOfAtLeastABlockEachBandsAndStripesTogether
   EXPECT_EQ(tiles({151936, 1024}, 1500000, 2048), "8x8");   // at most 8 per dimension
   EXPECT_EQ(tiles({3, 1024}, 1000000, 2048), "8x1");        // 3 rows: no stripes, bands go on alone
   EXPECT_EQ(tiles({1 << 20}, 1000000, 2048), "1x1");        // one dimension: one tile
-  EXPECT_EQ(tiles({4, 2, 64}, 1000000, 16, 2, 8), "2x8");   // rows = 4 x 2; bands capped at 2
-  EXPECT_EQ(tiles({1024, 1024}, 1000000, 2048, 1, 1), "1x1");
+  EXPECT_EQ(tiles({4, 2, 64}, 1000000, 16), "8x8");         // rows = 4 x 2
+  EXPECT_EQ(tiles({4, 2, 64}, 1000000, 16, 4), "4x4");      // at most max_tiles per dimension
+  EXPECT_EQ(tiles({1024, 1024}, 1000000, 2048, 1), "1x1");
   EXPECT_FALSE(compact::tiles_unfit(Shape{8, 8}, 8, 8));
   EXPECT_TRUE(compact::tiles_unfit(Shape{8, 8}, 3, 1));
   EXPECT_TRUE(compact::tiles_unfit(Shape{6, 8}, 1, 4));
@@ -412,28 +413,51 @@ TEST(RangedPlan, AReceiverOfHalfATensorReadsTheIndexAndOnlyTheBlocksThatMeetItsH
 
 namespace {
 
-// Two ranks on threads: each holds the rows of its half of every tensor (as tensor parallelism
-// splits a column-parallel weight), owns them for digests, and sums partials with the other.
+// Two ranks on threads: each holds its half of every [rows, cols] tensor -- its rows (as tensor
+// parallelism splits a column-parallel weight, the flat halves) or its columns (a row-parallel
+// weight: half of every row) -- owns it for digests, and sums partials with the other.
+enum class Split { Rows, Columns };
+
+// The flat runs [start, +length) of tensor `t` that rank `r` of two holds.
+std::vector<std::pair<int64_t, int64_t>> held_runs(const TensorMeta& t, int r, Split split) {
+  const auto n = static_cast<int64_t>(t.numel());
+  if (split == Split::Rows) return {{r == 0 ? 0 : n / 2, r == 0 ? n / 2 : n - n / 2}};
+  const auto cols = static_cast<int64_t>(t.shape.back()), rows = n / cols, half = cols / 2;
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t row = 0; row < rows; ++row) runs.emplace_back(row * cols + r * half, r == 0 ? half : cols - half);
+  return runs;
+}
+
 struct TwoRanks {
   std::vector<TensorMeta> hf;
+  Split split;
   std::vector<std::vector<std::vector<uint8_t>>> memory;  // [rank][tensor]
   std::barrier<> sync_point{2};
   std::array<std::vector<uint64_t>, 2> partial;
   engine::CpuSyncEngine engines[2];
   std::vector<std::unique_ptr<MappedReceiver>> receivers;
 
-  explicit TwoRanks(std::vector<TensorMeta> meta) : hf(std::move(meta)), memory(2) {
+  explicit TwoRanks(std::vector<TensorMeta> meta, Split how = Split::Rows) : hf(std::move(meta)), split(how), memory(2) {
     for (int r = 0; r < 2; ++r) {
       MappedModel mm;
       mm.hf = hf;
       for (size_t t = 0; t < hf.size(); ++t) {
-        const int64_t n = static_cast<int64_t>(hf[t].numel()), half = n / 2;
-        const int64_t begin = r == 0 ? 0 : half, len = r == 0 ? half : n - half;
+        MappedRuns runs{static_cast<uint32_t>(t), static_cast<uint32_t>(t), {}, {}, {}};
+        OwnedRanges owned{static_cast<uint32_t>(t), {}, {}};
+        int64_t len = 0;
+        for (const auto& [start, length] : held_runs(hf[t], r, split)) {
+          runs.hf_start.push_back(start);
+          runs.length.push_back(length);
+          runs.rt_start.push_back(len);
+          owned.start.push_back(start);
+          owned.length.push_back(length);
+          len += length;
+        }
         memory[r].emplace_back(static_cast<size_t>(len) * hf[t].width(), 0);
         mm.params_meta.push_back(TensorMeta{hf[t].name, hf[t].dtype, {static_cast<uint64_t>(len)}});
         mm.params.push_back(TensorRef{hf[t].name, memory[r][t].data(), static_cast<uint64_t>(len), hf[t].width()});
-        mm.runs.push_back(MappedRuns{static_cast<uint32_t>(t), static_cast<uint32_t>(t), {begin}, {len}, {0}});
-        mm.owned.push_back(OwnedRanges{static_cast<uint32_t>(t), {begin}, {len}});
+        mm.runs.push_back(std::move(runs));
+        mm.owned.push_back(std::move(owned));
       }
       receivers.push_back(std::make_unique<MappedReceiver>(std::move(mm), engines[r], [this, r](std::span<uint64_t> v) {
         partial[r].assign(v.begin(), v.end());
@@ -464,12 +488,37 @@ struct TwoRanks {
   bool holds(const std::vector<std::vector<uint8_t>>& full) const {
     for (int r = 0; r < 2; ++r)
       for (size_t t = 0; t < hf.size(); ++t) {
-        const uint64_t w = hf[t].width(), begin = r == 0 ? 0 : hf[t].numel() / 2;
-        if (std::memcmp(memory[r][t].data(), full[t].data() + begin * w, memory[r][t].size()) != 0) return false;
+        const uint64_t w = hf[t].width();
+        uint64_t at = 0;
+        for (const auto& [start, length] : held_runs(hf[t], r, split)) {
+          if (std::memcmp(memory[r][t].data() + at * w, full[t].data() + static_cast<uint64_t>(start) * w, static_cast<uint64_t>(length) * w) != 0)
+            return false;
+          at += static_cast<uint64_t>(length);
+        }
       }
     return true;
   }
+
+  // What rank r needs of every tensor (the planner's input).
+  ranged::NeededRanges needed(int r) const {
+    ranged::NeededRanges out;
+    for (const TensorMeta& t : hf) {
+      std::vector<ElementSpan> spans;
+      for (const auto& [start, length] : held_runs(t, r, split))
+        spans.push_back({static_cast<uint64_t>(start), static_cast<uint64_t>(start + length)});
+      out.emplace(t.name, ranged::NeededTensor{t.shape, ranged::merge_spans(std::move(spans))});
+    }
+    return out;
+  }
 };
+
+// What the trainers of these tests publish with: deltas only, blocks of 256 changes.
+PublisherOptions small_blocks() {
+  PublisherOptions o;
+  o.anchor_every = 0;
+  o.compact_block_elements = 256;
+  return o;
+}
 
 struct Trainer {
   std::vector<TensorMeta> meta{{"a.weight", DType::BF16, {2048, 256}}, {"b.weight", DType::BF16, {1024, 256}}};
@@ -496,9 +545,7 @@ TEST(RangedSync, TwoRanksEachReadLessThanTheDeltaAndEndBitIdentical) {
   TempDir dir;
   auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
   Trainer trainer;
-  PublisherOptions o;
-  o.anchor_every = 0;
-  o.compact_block_elements = 256;
+  PublisherOptions o = small_blocks();
   Publisher pub(store, trainer.meta, o);
   TwoRanks ranks(trainer.meta);
   for (uint64_t v = 1; v <= 3; ++v) {
@@ -544,6 +591,68 @@ TEST(RangedSync, TwoRanksEachReadLessThanTheDeltaAndEndBitIdentical) {
   EXPECT_TRUE(ranks.holds(trainer.bits));
 }
 
+// Row-parallel weights (each rank holds half of every row): without tiles every block meets
+// both ranks. With column bands (the publisher's default tiles) each rank reads only the blocks
+// of its own bands, and ends bit-identical.
+TEST(RangedSync, TwoRanksSplittingColumnsReadOnlyTheBlocksOfTheirBands) {
+  for (const uint32_t max_tiles : {1u, compact::kDefaultMaxTiles}) {
+    SCOPED_TRACE("max_tiles " + std::to_string(max_tiles));
+    TempDir dir;
+    auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
+    Trainer trainer;
+    PublisherOptions o = small_blocks();
+    o.compact_max_tiles = max_tiles;
+    Publisher pub(store, trainer.meta, o);
+    TwoRanks ranks(trainer.meta, Split::Columns);
+    pub.publish(1, trainer.refs());
+    pub.flush();
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(std::holds_alternative<SyncReport>(ranks.sync(*store)[r]));
+    trainer.step(2);
+    pub.publish(2, trainer.refs());
+    pub.flush();
+    const auto reports = ranks.sync(*store);
+    EXPECT_TRUE(ranks.holds(trainer.bits));
+
+    // The rank's plan: every block it reads lies in one of its bands.
+    protocol::Catalog catalog(*store);
+    const protocol::Manifest m = *catalog.find(2);
+    const std::vector<uint8_t> object = store->get(m.delta->key);
+    const uint64_t prefix = ranged::header_prefix_bytes(object, object.size(), "d");
+    const ranged::SealedHeader h = ranged::read_sealed_header(std::span<const uint8_t>(object).first(prefix), *m.delta, "d");
+    auto cindex = [&](const std::string& t) {
+      const st::TensorInfo* e = h.find(t + ".cindex");
+      return std::span<const uint8_t>(object).subspan(h.data_offset + e->begin, e->nbytes());
+    };
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(std::holds_alternative<SyncReport>(reports[r])) << "rank " << r << ": " << std::get<std::string>(reports[r]);
+      const SyncReport& rep = std::get<SyncReport>(reports[r]);
+      const ranged::ObjectReadPlan plan = ranged::plan_object_reads(h, ranks.needed(r), nullptr, cindex, "d");
+      ASSERT_EQ(plan.blocks.size(), trainer.meta.size());
+      for (const ranged::BlockReads& reads : plan.blocks) {
+        const compact::TileGeometry& g = reads.records.tiles;
+        if (max_tiles == 1) {
+          EXPECT_EQ(reads.chosen.size(), reads.records.blocks.size()) << "without tiles a row-parallel rank needs every block";
+          continue;
+        }
+        ASSERT_EQ(g.bands % 2, 0u) << reads.tensor;
+        size_t mine = 0;
+        for (const auto& b : reads.records.blocks) {
+          const uint64_t band = g.tile_of(b.first_position) / g.stripes;
+          mine += band / (g.bands / 2) == static_cast<uint64_t>(r);
+        }
+        EXPECT_EQ(reads.chosen.size(), mine) << reads.tensor;
+        for (const uint32_t b : reads.chosen)
+          EXPECT_EQ(g.tile_of(reads.records.blocks[b].first_position) / g.stripes / (g.bands / 2), static_cast<uint64_t>(r))
+              << reads.tensor << " block " << b;
+      }
+      if (max_tiles == 1)
+        EXPECT_GT(rep.bytes_fetched, rep.delta_bytes * 9 / 10) << "rank " << r;
+      else
+        EXPECT_LT(rep.bytes_fetched, rep.delta_bytes * 7 / 10) << "rank " << r;  // its bands, the header, the indexes
+    }
+  }
+}
+
 // A store written by two trainer ranks (each the flat half of every tensor, as a delta part):
 // each receiver rank reads both parts' headers (their digest partials), but the index and
 // blocks of the part that holds its half only.
@@ -551,9 +660,7 @@ TEST(RangedSync, TwoRanksFollowingAShardedPublisherReadTheirPartsBlocksOnly) {
   TempDir dir;
   auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
   Trainer trainer;
-  PublisherOptions o;
-  o.anchor_every = 0;
-  o.compact_block_elements = 256;
+  PublisherOptions o = small_blocks();
   const ClaimOutcome claim = claim_for_group(*store, o);
   std::vector<std::unique_ptr<ShardPublisher>> trainers;
   auto half = [&](size_t t, uint64_t r) {

@@ -17,8 +17,8 @@
 // around the chosen blocks that are not theirs); the header is every rank's. "Ideal" is the
 // rank's share of the kind's payload bytes (its changes' fraction of each tensor's .cdata).
 //
-//   deltasync-ranged-plan [--layers 28] [--share 0.01] [--blocks 16384,2048] [--tp 2,4] [--tiles 1x1,8x8]
-// (--tiles: the codec's max_bands x max_stripes, one run each; 1x1 is the layout without tiles)
+//   deltasync-ranged-plan [--layers 28] [--share 0.01] [--blocks 16384,2048] [--tp 2,4] [--max-tiles 1,8]
+// (--max-tiles: the codec's max_tiles, one run each; 1 is the layout without tiles)
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -228,22 +228,6 @@ std::vector<uint64_t> numbers(const std::string& text, const std::string& what) 
   return out;
 }
 
-// "8x8,1x1" -> {{8, 8}, {1, 1}}
-std::vector<std::pair<uint32_t, uint32_t>> tile_options(const std::string& text) {
-  std::vector<std::pair<uint32_t, uint32_t>> out;
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    const std::string item = text.substr(at, comma - at);
-    const size_t x = item.find('x');
-    if (x == std::string::npos) throw Error("--tiles: '" + item + "' is not BANDSxSTRIPES", ErrorKind::kInvalidArgument);
-    out.emplace_back(parse_decimal<uint32_t>(item.substr(0, x), "--tiles", ErrorKind::kInvalidArgument),
-                     parse_decimal<uint32_t>(item.substr(x + 1), "--tiles", ErrorKind::kInvalidArgument));
-    at = comma + 1;
-  }
-  return out;
-}
-
 std::string pct(uint64_t part, uint64_t whole) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3f", whole ? static_cast<double>(part) / static_cast<double>(whole) : 0.0);
@@ -256,15 +240,15 @@ int main(int argc, char** argv) try {
   uint64_t layers = 28;
   double share = 0.01;
   std::vector<uint64_t> blocks{16384, 2048}, tps{2, 4};
-  std::vector<std::pair<uint32_t, uint32_t>> tiles{{1, 1}, {compact::kDefaultMaxBands, compact::kDefaultMaxStripes}};
+  std::vector<uint64_t> max_tiles{1, compact::kDefaultMaxTiles};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--layers") layers = parse_decimal<uint64_t>(value, flag, ErrorKind::kInvalidArgument);
     else if (flag == "--share") share = parse_decimal_real(value, flag, ErrorKind::kInvalidArgument);
     else if (flag == "--blocks") blocks = numbers(value, flag);
     else if (flag == "--tp") tps = numbers(value, flag);
-    else if (flag == "--tiles") tiles = tile_options(value);
-    else throw Error("unknown option " + flag + " (--layers, --share, --blocks, --tp, --tiles)", ErrorKind::kInvalidArgument);
+    else if (flag == "--max-tiles") max_tiles = numbers(value, flag);
+    else throw Error("unknown option " + flag + " (--layers, --share, --blocks, --tp, --max-tiles)", ErrorKind::kInvalidArgument);
   }
   const std::vector<Tensor> table = qwen3_table(layers);
   const SparseDelta delta = make_delta(table, share, 1);
@@ -277,12 +261,11 @@ int main(int argc, char** argv) try {
   std::printf("| block elements | max tiles | delta bytes | header | TP | rank | kind | ideal | index reads | block rounding | "
               "chunk rounding | share of the kind | share of the delta |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (uint64_t block : blocks) {
-    for (const auto& [max_bands, max_stripes] : tiles) {
+    for (const uint64_t most : max_tiles) {
       compact::Options options;
       options.block_elements = static_cast<uint32_t>(block);
-      options.max_bands = max_bands;
-      options.max_stripes = max_stripes;
-      const std::string tiling = std::to_string(max_bands) + "x" + std::to_string(max_stripes);
+      options.max_tiles = static_cast<uint32_t>(most);
+      const std::string tiling = std::to_string(most);
       const Sealed s = encode_and_seal(table, delta, options);
       const uint64_t whole = s.bytes.size();
       std::fprintf(stderr, "blocks %llu, tiles %s: header %llu bytes: %s\n", static_cast<unsigned long long>(block), tiling.c_str(),

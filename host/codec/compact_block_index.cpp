@@ -72,7 +72,7 @@ BlockRecords read_block_records(std::span<const uint8_t> block_index, uint64_t p
     throw BadInputError(where + ": payload has " + std::to_string(payload_bytes) + " bytes, block index says " +
                 std::to_string(header.payload_bytes));
   if (const auto unfit = tiles_unfit(shape, header.bands, header.stripes))
-    throw BadInputError(where + ": block index has " + *unfit + " (tensor of shape " + shape_text(shape) + ")");
+    throw BadInputError(where + ": block index: " + *unfit + " (shape " + shape_text(shape) + ")");
   BlockRecords out;
   out.index_version = index_version;
   out.changed = header.changed;

@@ -29,9 +29,8 @@ void check_options(const Options& options) {
     throw BadInputError("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
   if (!is_known_version(options.version))
     throw BadInputError("compact: unknown compact_version " + std::to_string(options.version) + " (1 or 2)");
-  if (!is_tile_count(options.max_bands) || !is_tile_count(options.max_stripes))
-    throw BadInputError("compact: max_bands and max_stripes must be 1, 2, 4 or 8, got " + std::to_string(options.max_bands) + " and " +
-                        std::to_string(options.max_stripes));
+  if (!is_tile_count(options.max_tiles))
+    throw BadInputError("compact: max_tiles must be 1, 2, 4 or 8, got " + std::to_string(options.max_tiles));
 }
 
 }  // namespace
@@ -62,7 +61,7 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
     if (delta.value_offsets[t + 1] - delta.value_offsets[t] != n * width)
       throw BadInputError("compact: tensor " + tensors[t].name + ": value bytes do not match " + std::to_string(n) +
                   " changes of width " + std::to_string(width));
-    tiles[t] = choose_tiles(tensors[t].shape, n, options.block_elements, options.max_bands, options.max_stripes);
+    tiles[t] = choose_tiles(tensors[t].shape, n, options.block_elements, options.max_tiles);
     if (tiles[t].tiles() > 1) tiled.push_back(t);
   }
   run_tasks(tiled.size(), options, [&](size_t i) {

@@ -30,11 +30,10 @@ inline constexpr uint32_t kDefaultBlockElements = 16384;
 inline constexpr uint32_t kIndexVersion1 = 1;
 inline constexpr uint32_t kIndexVersion2 = 2;
 inline bool is_known_index_version(uint32_t version) { return version == kIndexVersion1 || version == kIndexVersion2; }
-// Tiles per dimension: at most 8 bands and 8 stripes, powers of two. The writers' default cuts
-// tensors into tiles (index version 2); max_bands = max_stripes = 1 writes index version 1.
+// Tiles per dimension: at most 8 column bands and 8 row stripes, powers of two. The writers'
+// default cuts tensors into tiles (index version 2); max_tiles = 1 writes index version 1.
 inline constexpr uint32_t kMaxTilesPerDim = 8;
-inline constexpr uint32_t kDefaultMaxBands = kMaxTilesPerDim;
-inline constexpr uint32_t kDefaultMaxStripes = kMaxTilesPerDim;
+inline constexpr uint32_t kDefaultMaxTiles = kMaxTilesPerDim;
 
 inline constexpr std::string_view kIndexSuffix = ".cindex";
 inline constexpr std::string_view kDataSuffix = ".cdata";
@@ -44,11 +43,10 @@ struct Options {
   bool parallel = true;  // false: run on the calling thread only (per-core measurements)
   uint32_t version = kDefaultFormatVersion;  // the format the encoder writes (decoders read both)
   // Tiles of a tensor with two or more dimensions (compact_tiles.hpp: choose_tiles): at most this
-  // many column bands and row stripes, powers of two <= kMaxTilesPerDim. Both 1: no tiles, block
-  // index version 1 (the bytes writers produced before tiles existed).
-  uint32_t max_bands = kDefaultMaxBands;
-  uint32_t max_stripes = kDefaultMaxStripes;
-  uint32_t index_version() const { return max_bands > 1 || max_stripes > 1 ? kIndexVersion2 : kIndexVersion1; }
+  // many column bands and as many row stripes, 1, 2, 4 or 8. 1: no tiles, block index version 1
+  // (the bytes writers produced before tiles existed).
+  uint32_t max_tiles = kDefaultMaxTiles;
+  uint32_t index_version() const { return max_tiles > 1 ? kIndexVersion2 : kIndexVersion1; }
 };
 
 struct EncodedTensorView;

@@ -70,33 +70,32 @@ inline bool is_tile_count(uint32_t n) { return n >= 1 && n <= 8 && (n & (n - 1))
 // a tensor of two or more dimensions.
 inline std::optional<std::string> tiles_unfit(std::span<const uint64_t> shape, uint32_t bands, uint32_t stripes) {
   if (!is_tile_count(bands) || !is_tile_count(stripes))
-    return "tiles " + std::to_string(bands) + " x " + std::to_string(stripes) + " are not powers of two <= 8";
+    return "bands " + std::to_string(bands) + " and stripes " + std::to_string(stripes) + " are not 1, 2, 4 or 8";
   if (bands * stripes == 1) return std::nullopt;
   const TileGeometry g = tensor_geometry(shape);
-  if (shape.size() < 2) return "tiles " + std::to_string(bands) + " x " + std::to_string(stripes) + " for a tensor of fewer than 2 dimensions";
+  if (shape.size() < 2) return std::to_string(bands) + " x " + std::to_string(stripes) + " tiles for a tensor of fewer than 2 dimensions";
   if (g.cols % bands != 0) return std::to_string(bands) + " bands do not divide " + std::to_string(g.cols) + " columns";
   if (g.rows % stripes != 0) return std::to_string(stripes) + " stripes do not divide " + std::to_string(g.rows) + " rows";
   return std::nullopt;
 }
 
 // The writers' rule (the CPU codec and its GPU twin run this one function, so they cut alike).
-// Bands and stripes grow together, 1x1 -> 2x2 -> 4x4 -> 8x8 (each a power of two up to its
-// maximum that divides the columns, or the rows; one that cannot grow stops and the other goes
-// on alone), because a tensor-parallel rank benefits only from cuts along its own split: column
+// Bands and stripes grow together, 1x1 -> 2x2 -> 4x4 -> 8x8 (each a power of two up to
+// `max_tiles` that divides the columns, or the rows; one that cannot grow stops and the other
+// goes on alone), because a tensor-parallel rank benefits only from cuts along its own split: column
 // bands for a row-parallel weight, row stripes for a column-parallel one, and the writer knows
 // neither. They grow while every tile holds, on average, at least min(block_elements,
 // kMinTileChanges) changes: each tile ends in a partial block, whose tables and record (~150-200
 // bytes) must stay small beside the tile (measured: benchmarks/results/ranged-fetch-2026-12-03.md).
 // Tensors of fewer than two dimensions get one tile.
 inline constexpr uint64_t kMinTileChanges = 4096;
-inline TileGeometry choose_tiles(std::span<const uint64_t> shape, uint64_t changed, uint32_t block_elements,
-                                 uint32_t max_bands, uint32_t max_stripes) {
+inline TileGeometry choose_tiles(std::span<const uint64_t> shape, uint64_t changed, uint32_t block_elements, uint32_t max_tiles) {
   TileGeometry g = tensor_geometry(shape);
   if (shape.size() < 2 || block_elements == 0) return g;
   const uint64_t most = changed / std::min<uint64_t>(block_elements, kMinTileChanges);
   for (;;) {
-    const bool more_bands = g.bands * 2 <= max_bands && g.cols % (g.bands * 2) == 0;
-    const bool more_stripes = g.stripes * 2 <= max_stripes && g.rows % (g.stripes * 2) == 0;
+    const bool more_bands = g.bands * 2 <= max_tiles && g.cols % (g.bands * 2) == 0;
+    const bool more_stripes = g.stripes * 2 <= max_tiles && g.rows % (g.stripes * 2) == 0;
     const uint64_t next = uint64_t{g.tiles()} << (int{more_bands} + int{more_stripes});
     if (next == g.tiles() || next > most) break;
     g.bands <<= int{more_bands};

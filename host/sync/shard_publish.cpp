@@ -438,7 +438,7 @@ PartReceipt ShardPublisher::publish_part(uint64_t version, std::span<const Const
     integrity::put_delta_digests(info, dd);
     if (!unchanged.empty()) integrity::put_digest_map(info.extra, shard_keys::kUnchangedDigests, unchanged);
     if (!held_.empty()) {  // a rank holding nothing has no part (the manifest lists the others')
-      const std::vector<uint8_t> bytes = serialize_delta(format_, full_, part.view(), info, {.block_elements = options_.compact_block_elements});
+      const std::vector<uint8_t> bytes = serialize_delta(format_, full_, part.view(), info, compact_options(options_));
       receipt.delta = ranged::put_delta_object(*store_, protocol::delta_key(version, nonce), bytes, format_);
     }
   }
