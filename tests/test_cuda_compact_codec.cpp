@@ -913,10 +913,10 @@ TEST(CompactTileLogic, TheKernelsReorderingAndTileStartsAreTheCpuTwins) {
         EXPECT_TRUE(std::equal(flat.begin(), flat.end(), positions.begin())) << m.meta[t].name;
         EXPECT_TRUE(std::equal(flat_new.begin(), flat_new.end(), new_bits.begin())) << m.meta[t].name;
         EXPECT_TRUE(std::equal(flat_base.begin(), flat_base.end(), base_bits.begin())) << m.meta[t].name;
-        // And the CPU's own reorder of the same decoder output.
-        std::vector<int64_t> cpu_flat = coded;
-        std::vector<uint8_t> cpu_new = decoded_new, cpu_base = decoded_base;
-        compact::to_flat_order(g, cpu_flat, cpu_new, cpu_base, m.base[t].data(), w);
+        // And the CPU's reorder of what its decoder leaves (coded order, bits of the flat positions).
+        std::vector<int64_t> cpu_flat(n);
+        std::vector<uint8_t> cpu_new(n * w), cpu_base(n * w);
+        compact::to_flat_order(g, {cpu.positions, cpu.new_bits, cpu.base_bits}, w, cpu_flat, cpu_new, cpu_base);
         EXPECT_EQ(cpu_flat, flat);
         EXPECT_EQ(cpu_new, flat_new);
         EXPECT_EQ(cpu_base, flat_base);

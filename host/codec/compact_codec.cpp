@@ -7,7 +7,6 @@
 #include "codec/compact_codec_block.hpp"
 #include "codec/compact_codec.hpp"
 #include "codec/compact_tile_order.hpp"
-#include "codec/compact_two_phase.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 
@@ -213,24 +212,46 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
       first += parsed[i].blocks[b].count;
     }
   }
-  // A banded tensor's blocks decode coded positions: they are decoded against zeros and rebased
-  // on the base bits at the flat positions afterwards (to_flat_order).
-  uint64_t banded_bytes = 1;
-  for (const ParsedBlockIndex& p : parsed)
-    if (p.tiles.bands > 1) banded_bytes = std::max(banded_bytes, base[p.base_index].numel * base[p.base_index].width);
-  const uint8_t* zeros = banded_bytes > 1 ? zero_bits(banded_bytes) : nullptr;
+  // Where each tensor's blocks decode to: the layout, or for a banded tensor (coded positions)
+  // the coded-order scratch, decoded without a base, put in flat order and rebased on the base
+  // bits there afterwards (to_flat_order).
+  struct Place {
+    int64_t* indices;
+    uint8_t* values;
+    uint8_t* base_values;
+  };
+  std::vector<Place> place(parsed.size());
+  SparseDelta& coded = out.coded;
+  uint64_t coded_changes = 0, coded_bytes = 0;
+  for (const ParsedBlockIndex& p : parsed) {
+    if (p.tiles.bands == 1) continue;
+    coded_changes += p.changed;
+    coded_bytes += p.changed * base[p.base_index].width;
+  }
+  coded.indices.resize(coded_changes);
+  coded.values.resize(coded_bytes);
+  coded.base_values.resize(coded_bytes);
+  for (size_t i = 0, at = 0, byte_at = 0; i < parsed.size(); ++i) {
+    const size_t t = parsed[i].base_index;
+    if (parsed[i].tiles.bands == 1) {
+      place[i] = {s.indices.data() + s.offsets[t], s.values.data() + s.value_offsets[t], s.base_values.data() + s.value_offsets[t]};
+      continue;
+    }
+    place[i] = {coded.indices.data() + at, coded.values.data() + byte_at, coded.base_values.data() + byte_at};
+    at += parsed[i].changed;
+    byte_at += parsed[i].changed * base[t].width;
+  }
   run_tasks(tasks.size(), options, [&](size_t k) {
     const Task& task = tasks[k];
     const ParsedBlockIndex& p = parsed[task.parsed];
     const size_t t = p.base_index;
     const uint32_t width = base_meta[t].width();
     const BlockRecord& r = p.blocks[task.block];
-    const uint64_t at = s.offsets[t] + task.first;
-    const uint64_t byte_at = s.value_offsets[t] + task.first * width;
-    const uint8_t* block_base = p.tiles.bands > 1 ? zeros : static_cast<const uint8_t*>(base[t].data);
+    const Place& to = place[task.parsed];
+    const uint8_t* block_base = p.tiles.bands > 1 ? nullptr : static_cast<const uint8_t*>(base[t].data);
     try {
       detail::decode_block(r, p.payload.subspan(r.payload_offset, r.payload_bytes()), block_base, base[t].numel, width, p.version,
-                           s.indices.data() + at, s.values.data() + byte_at, s.base_values.data() + byte_at);
+                           to.indices + task.first, to.values + task.first * width, to.base_values + task.first * width);
     } catch (const BlockError& e) {
       throw BadInputError(label + ": tensor " + base_meta[t].name + ": block " + std::to_string(task.block) + ": " + e.what());
     }
@@ -240,19 +261,18 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
   // a tiled tensor's blocks stay inside the tile they start in (what ranged readers rely on).
   for (const Task& task : tasks) {
     const ParsedBlockIndex& p = parsed[task.parsed];
-    const size_t t = p.base_index;
-    const uint64_t at = s.offsets[t] + task.first;
-    const std::string block = label + ": tensor " + base_meta[t].name + ": block " + std::to_string(task.block);
-    if (task.block > 0 && s.indices[at] <= s.indices[at - 1])
-      throw BadInputError(block + " starts at position " + std::to_string(s.indices[at]) + ", not after the previous block's last (" +
-                          std::to_string(s.indices[at - 1]) + ")");
-    const auto first = static_cast<uint64_t>(s.indices[at]);
-    const auto last = static_cast<uint64_t>(s.indices[at + p.blocks[task.block].count - 1]);
+    const int64_t* positions = place[task.parsed].indices + task.first;
+    const std::string block = label + ": tensor " + base_meta[p.base_index].name + ": block " + std::to_string(task.block);
+    if (task.block > 0 && positions[0] <= positions[-1])
+      throw BadInputError(block + " starts at position " + std::to_string(positions[0]) + ", not after the previous block's last (" +
+                          std::to_string(positions[-1]) + ")");
+    const auto first = static_cast<uint64_t>(positions[0]);
+    const auto last = static_cast<uint64_t>(positions[p.blocks[task.block].count - 1]);
     if (p.tiles.tiles() > 1 && p.tiles.tile_of(first) != p.tiles.tile_of(last))
       throw BadInputError(block + " crosses a tile boundary (positions " + std::to_string(first) + " to " + std::to_string(last) + ")");
   }
 
-  // Banded tensors back in flat order, on their real base bits.
+  // Banded tensors in flat order, on their base bits.
   std::vector<size_t> banded;
   for (size_t i = 0; i < parsed.size(); ++i)
     if (parsed[i].tiles.bands > 1) banded.push_back(i);
@@ -260,9 +280,12 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     const ParsedBlockIndex& p = parsed[banded[k]];
     const size_t t = p.base_index;
     const uint32_t width = base_meta[t].width();
-    const uint64_t n = s.offsets[t + 1] - s.offsets[t];
-    to_flat_order(p.tiles, std::span(s.indices).subspan(s.offsets[t], n), std::span(s.values).subspan(s.value_offsets[t], n * width),
-                  std::span(s.base_values).subspan(s.value_offsets[t], n * width), static_cast<const uint8_t*>(base[t].data), width);
+    const uint64_t n = p.changed;
+    const Place& from = place[banded[k]];
+    const CodedChanges changes{{from.indices, n}, {from.values, n * width}, {from.base_values, n * width}};
+    to_flat_order(p.tiles, changes, width, std::span(s.indices).subspan(s.offsets[t], n),
+                  std::span(s.values).subspan(s.value_offsets[t], n * width), std::span(s.base_values).subspan(s.value_offsets[t], n * width),
+                  static_cast<const uint8_t*>(base[t].data));
   });
 }
 

@@ -44,6 +44,9 @@ struct DecodedDelta {
   SparseDelta storage;
   std::vector<std::string> changed_names;
   DeltaInfo info;  // filled by decode_compact_delta (model_version, base_version, other keys in extra)
+  // Scratch: tensors with column bands as their blocks decode them (coded order), before they are
+  // put in flat order into `storage`; kept so that a reused DecodedDelta reuses its memory.
+  SparseDelta coded;
 
   // patches[t] applies to base tensor t (count 0 where unchanged); valid while *this lives.
   std::vector<PatchRef> patches(std::span<const TensorMeta> base_meta) const;
@@ -60,7 +63,8 @@ std::vector<ParsedBlockIndex> parse_encoded_tensors(std::span<const EncodedTenso
 void layout_offsets(std::span<const ParsedBlockIndex> parsed, std::span<const TensorMeta> base_meta,
                     std::vector<uint64_t>& offsets, std::vector<uint64_t>& value_offsets);
 
-// Decodes encoded tensors against the base. base[t] holds base_meta[t]'s bits (host memory).
+// Decodes encoded tensors against the base. base[t] holds base_meta[t]'s bits (host memory), or
+// its data is nullptr: decoded against zeros (compact_two_phase.hpp's unbased decoding).
 // Every position is validated (inside the tensor, strictly ascending) and every stream checked
 // for truncation and trailing bytes; on any defect throws Error("LABEL: tensor NAME: reason")
 // and leaves `out` in an unspecified state (the base is never written).

@@ -1,3 +1,5 @@
+// Both reorderings are counting sorts (by band; by row and band): no per-change division
+// (Divider) and no data-dependent branch.
 #include "codec/compact_tile_order.hpp"
 
 #include <algorithm>
@@ -7,11 +9,99 @@
 namespace deltasync::compact {
 namespace {
 
-uint32_t load_bits(const uint8_t* p, uint32_t width) {
+template <uint32_t W>
+uint32_t load(const uint8_t* p) {
   uint32_t v = 0;
-  std::memcpy(&v, p, width);
+  std::memcpy(&v, p, W);
   return v;
 }
+template <uint32_t W>
+void store(uint8_t* p, uint32_t v) {
+  std::memcpy(p, &v, W);
+}
+
+template <uint32_t W>
+void coded_order_w(const TileGeometry& g, std::span<const int64_t> positions, const uint8_t* new_bits, const uint8_t* base_bits,
+                   CodedOrder& out) {
+  const uint64_t bw = g.band_width(), be = g.band_elements(), numel = g.rows * g.cols;
+  const Divider by_cols(g.cols, numel), by_width(bw, g.cols);
+  const size_t n = positions.size();
+  // Each change's band, then a stable partition by band: inside a band flat order is coded order.
+  std::vector<uint8_t> band(n);
+  std::array<uint64_t, 9> start{};
+  for (size_t i = 0; i < n; ++i) {
+    const auto p = static_cast<uint64_t>(positions[i]);
+    const uint64_t k = by_width(p - by_cols(p) * g.cols);
+    band[i] = static_cast<uint8_t>(k);
+    ++start[k + 1];
+  }
+  for (uint32_t k = 0; k < g.bands; ++k) start[k + 1] += start[k];
+  for (size_t i = 0; i < n; ++i) {
+    const auto p = static_cast<uint64_t>(positions[i]);
+    const uint64_t k = band[i], row = by_cols(p), at = start[k]++;
+    out.positions[at] = static_cast<int64_t>(k * be + row * bw + (p - row * g.cols - k * bw));
+    store<W>(out.new_bits.data() + at * W, load<W>(new_bits + i * W));
+    store<W>(out.base_bits.data() + at * W, load<W>(base_bits + i * W));
+  }
+}
+
+template <uint32_t W>
+void flat_order_w(const TileGeometry& g, const CodedChanges& coded, const uint8_t* base, std::span<int64_t> out_positions,
+                  std::span<uint8_t> out_new_bits, std::span<uint8_t> out_base_bits) {
+  const size_t n = coded.positions.size();
+  const uint64_t bw = g.band_width(), be = g.band_elements();
+  const Divider by_band(be, g.rows * g.cols), by_width(bw, be);
+  // A counting sort by (row, band) (the GPU's reorder, with counts from a histogram instead of
+  // binary searches): segment (r, k) starts after every change of the rows before r and of the
+  // bands before k in row r; inside a segment coded order is flat order.
+  std::vector<uint64_t> next(g.rows * g.bands + 1, 0);
+  for (const int64_t q : coded.positions) {
+    const uint64_t k = by_band(static_cast<uint64_t>(q));
+    ++next[by_width(static_cast<uint64_t>(q) - k * be) * g.bands + k + 1];
+  }
+  for (size_t s = 1; s < next.size(); ++s) next[s] += next[s - 1];
+  for (size_t i = 0; i < n; ++i) {
+    const auto q = static_cast<uint64_t>(coded.positions[i]);
+    const uint64_t k = by_band(q), in_band = q - k * be, r = by_width(in_band);
+    const uint64_t at = next[r * g.bands + k]++;
+    out_positions[at] = static_cast<int64_t>(r * g.cols + k * bw + (in_band - r * bw));
+    store<W>(out_new_bits.data() + at * W, load<W>(coded.new_bits.data() + i * W));
+    store<W>(out_base_bits.data() + at * W, load<W>(coded.base_bits.data() + i * W));
+  }
+  if (base == nullptr) return;
+  // Decoded without a base: the base bits in ascending flat order (a stream the hardware
+  // prefetcher follows), the new bits rebased onto them.
+  constexpr size_t kAhead = 32;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(base + static_cast<uint64_t>(out_positions[i + kAhead]) * W);
+    const uint32_t real_base = load<W>(base + static_cast<uint64_t>(out_positions[i]) * W);
+    uint8_t* bits = out_new_bits.data() + i * W;
+    store<W>(bits, rebase_value(load<W>(bits), load<W>(out_base_bits.data() + i * W), real_base, W));
+    store<W>(out_base_bits.data() + i * W, real_base);
+  }
+}
+
+template <template <uint32_t> class Fn, typename... Args>
+void by_width(uint32_t width, Args&&... args) {
+  switch (width) {
+    case 1: return Fn<1>::run(args...);
+    case 2: return Fn<2>::run(args...);
+    default: return Fn<4>::run(args...);
+  }
+}
+template <uint32_t W>
+struct CodedOrderW {
+  static void run(const TileGeometry& g, std::span<const int64_t> p, const uint8_t* n, const uint8_t* b, CodedOrder& out) {
+    coded_order_w<W>(g, p, n, b, out);
+  }
+};
+template <uint32_t W>
+struct FlatOrderW {
+  static void run(const TileGeometry& g, const CodedChanges& c, const uint8_t* base, std::span<int64_t> p, std::span<uint8_t> n,
+                  std::span<uint8_t> b) {
+    flat_order_w<W>(g, c, base, p, n, b);
+  }
+};
 
 }  // namespace
 
@@ -21,21 +111,10 @@ CodedOrder to_coded_order(const TileGeometry& g, std::span<const int64_t> positi
   const size_t n = positions.size();
   std::span<const int64_t> coded = positions;
   if (g.bands > 1) {
-    // A stable partition by band: inside a band, flat order is coded order.
-    const uint64_t w = g.band_width();
-    std::array<uint64_t, 9> start{};
-    for (const int64_t p : positions) ++start[1 + static_cast<uint64_t>(p) % g.cols / w];
-    for (uint32_t k = 0; k < g.bands; ++k) start[k + 1] += start[k];
     out.positions.resize(n);
     out.new_bits.resize(n * width);
     out.base_bits.resize(n * width);
-    for (size_t i = 0; i < n; ++i) {
-      const auto p = static_cast<uint64_t>(positions[i]);
-      const uint64_t at = start[p % g.cols / w]++;
-      out.positions[at] = static_cast<int64_t>(g.coded(p));
-      std::memcpy(out.new_bits.data() + at * width, new_bits.data() + i * width, width);
-      std::memcpy(out.base_bits.data() + at * width, base_bits.data() + i * width, width);
-    }
+    by_width<CodedOrderW>(width, g, positions, new_bits.data(), base_bits.data(), out);
     coded = out.positions;
   }
   out.tile_starts.resize(g.tiles() + 1);
@@ -46,45 +125,10 @@ CodedOrder to_coded_order(const TileGeometry& g, std::span<const int64_t> positi
   return out;
 }
 
-void to_flat_order(const TileGeometry& g, std::span<int64_t> positions, std::span<uint8_t> new_bits,
-                   std::span<uint8_t> base_bits, const uint8_t* base, uint32_t width) {
-  if (g.bands == 1) return;
-  const size_t n = positions.size();
-  // Band k's changes are the run [at[k], end[k]) of the coded order, row-major: the flat order
-  // takes, row after row, each band's changes of that row in band order.
-  const auto band_start = [&](uint64_t k) {
-    return static_cast<size_t>(std::lower_bound(positions.begin(), positions.end(), static_cast<int64_t>(k * g.band_elements())) -
-                               positions.begin());
-  };
-  std::array<size_t, 8> at{}, end{};
-  for (uint32_t k = 0; k < g.bands; ++k) {
-    at[k] = band_start(k);
-    end[k] = k + 1 < g.bands ? band_start(k + 1) : n;
-  }
-  const uint64_t w = g.band_width();
-  const auto row = [&](size_t i) { return static_cast<uint64_t>(positions[i]) % g.band_elements() / w; };
-  std::vector<int64_t> flat(n);
-  std::vector<uint8_t> bits(n * width), bases(n * width);
-  size_t next = 0;
-  while (next < n) {
-    uint64_t r = UINT64_MAX;
-    for (uint32_t k = 0; k < g.bands; ++k)
-      if (at[k] < end[k]) r = std::min(r, row(at[k]));
-    for (uint32_t k = 0; k < g.bands; ++k) {
-      for (; at[k] < end[k] && row(at[k]) == r; ++at[k], ++next) {
-        const uint64_t p = g.flat(static_cast<uint64_t>(positions[at[k]]));
-        const uint32_t real_base = load_bits(base + p * width, width);
-        const uint32_t bits_now = rebase_value(load_bits(new_bits.data() + at[k] * width, width),
-                                               load_bits(base_bits.data() + at[k] * width, width), real_base, width);
-        flat[next] = static_cast<int64_t>(p);
-        std::memcpy(bits.data() + next * width, &bits_now, width);
-        std::memcpy(bases.data() + next * width, &real_base, width);
-      }
-    }
-  }
-  std::copy(flat.begin(), flat.end(), positions.begin());
-  std::copy(bits.begin(), bits.end(), new_bits.begin());
-  std::copy(bases.begin(), bases.end(), base_bits.begin());
+void to_flat_order(const TileGeometry& g, const CodedChanges& coded, uint32_t width, std::span<int64_t> out_positions,
+                   std::span<uint8_t> out_new_bits, std::span<uint8_t> out_base_bits, const uint8_t* base) {
+  if (coded.positions.empty()) return;
+  by_width<FlatOrderW>(width, g, coded, base, out_positions, out_new_bits, out_base_bits);
 }
 
 }  // namespace deltasync::compact

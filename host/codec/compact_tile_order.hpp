@@ -1,7 +1,7 @@
 // The order of a tiled tensor's changes (compact_tiles.hpp): encoders code them in coded order
 // (band by band, row-major inside a band: ascending coded positions), every decoder hands them
 // to the verified apply in flat order (ascending flat positions, which apply requires). CPU
-// side; the GPU decoder's twin is kernels/src/compact_untile_kernels.cuh.
+// side; the GPU's twins are in kernels/src/compact_tile_kernels.cuh.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -25,12 +25,33 @@ struct CodedOrder {
 CodedOrder to_coded_order(const TileGeometry& tiles, std::span<const int64_t> positions, std::span<const uint8_t> new_bits,
                           std::span<const uint8_t> base_bits, uint32_t width);
 
-// Changes decoded in coded order -- `positions` ascending coded positions (validated), `new_bits`
-// decoded against the bits `base_bits` holds (whatever the decoder gathered at the coded
-// positions, e.g. zeros) -- put in flat order in place: flat positions ascending, base_bits
-// gathered from `base` (the whole tensor, `width` bytes per element) at them, new bits rebased
-// onto those. A tensor without bands is left as it is.
-void to_flat_order(const TileGeometry& tiles, std::span<int64_t> positions, std::span<uint8_t> new_bits,
-                   std::span<uint8_t> base_bits, const uint8_t* base, uint32_t width);
+// x / d by a multiply with ceil(2^64 / d): exact while x * d < 2^64 (checked once, for the
+// largest x the caller will divide), a plain division otherwise. The reorderings below run one
+// per change, where a 64-bit division would cost more than the rest of their work.
+class Divider {
+ public:
+  Divider(uint64_t d, uint64_t largest) : d_(d), magic_(d > 1 && (largest == 0 || d <= UINT64_MAX / largest) ? UINT64_MAX / d + 1 : 0) {}
+  uint64_t operator()(uint64_t x) const {
+    if (magic_ == 0) return d_ == 1 ? x : x / d_;
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(x) * magic_) >> 64);
+  }
+
+ private:
+  uint64_t d_, magic_;
+};
+
+// A banded tensor's changes as its blocks decode them: coded order (ascending coded positions).
+struct CodedChanges {
+  std::span<const int64_t> positions;
+  std::span<const uint8_t> new_bits, base_bits;
+};
+// The same changes in flat order (ascending flat positions), into `out_*` (as long as the
+// inputs, distinct from them). With `base` (the whole tensor, `width` bytes per element) the
+// changes were decoded without one (new bits against zeros, base bits 0): the base bits are
+// gathered at the flat positions -- in ascending order, a stream the hardware prefetcher
+// follows, where a gather in coded order stalls on its misses -- and the new bits rebased onto
+// them. Without, the bits move as they are.
+void to_flat_order(const TileGeometry& tiles, const CodedChanges& coded, uint32_t width, std::span<int64_t> out_positions,
+                   std::span<uint8_t> out_new_bits, std::span<uint8_t> out_base_bits, const uint8_t* base = nullptr);
 
 }  // namespace deltasync::compact

@@ -22,11 +22,6 @@ namespace deltasync::compact {
 std::vector<PatchRef> decode_compact_delta_unbased(const st::File& file, std::span<const TensorMeta> base_meta,
                                                    DecodedDelta& out, const Options& options = {});
 
-// A read-only all-zero region at least `bytes` long, kept for the process's life: the base a
-// decoder reads when it needs no base bits (unbased decoding, banded tensors before they are
-// rebased). Costs address space, not memory (every page is the kernel's shared zero page).
-const uint8_t* zero_bits(uint64_t bytes);
-
 // new_bits[i] = the element whose ordered pattern is ordered(base_bits[i]) plus the difference
 // coded in unbased[i] (elements of `width` bytes, little-endian; all three spans the same size;
 // new_bits may alias unbased). Throws Error when sizes disagree or width is not 1, 2 or 4.

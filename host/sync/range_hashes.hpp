@@ -31,8 +31,9 @@ inline constexpr const char* kChunkSizesKey = "range_chunk_sizes";
 inline constexpr const char* kChunkBytesKey = "range_chunk_bytes";  // objects sealed before
 inline constexpr const char* kChunkSha256Key = "range_chunk_sha256";
 // A rank's ranges are rounded out to whole chunks, and every reader reads every hash (32 header
-// bytes a chunk): chunks as small as 256 bytes, but, besides the cuts at entries and tiles, about
-// 2048 of them per object, so the header stays bounded and a 6 MB delta gets ~4 KiB chunks.
+// bytes a chunk): chunks end where ranks' reads do (range_chunks.hpp), and between those cuts
+// grow to a target of at least 256 bytes that makes at most ~1024 chunks (a 7 MB delta: 8 KiB),
+// so the header stays bounded.
 inline constexpr size_t kChunkHashBytes = 16;
 using ChunkHash = std::array<uint8_t, kChunkHashBytes>;
 inline constexpr uint64_t kMinChunkBytes = 256;
