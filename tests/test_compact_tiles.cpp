@@ -19,8 +19,11 @@
 #include "codec/compact_tile_order.hpp"
 #include "codec/compact_two_phase.hpp"
 #include "compact_test_support.hpp"
+#include "codec/digest.hpp"
 #include "core/error.hpp"
 #include "engine/cpu_engine.hpp"
+#include "engine/cpu_sync_engine.hpp"
+#include "engine/integrity.hpp"
 #include "format/safetensors.hpp"
 #include "fuzz/fuzz_model.hpp"
 
@@ -293,4 +296,53 @@ TEST(CompactTiles, FilesWithoutTilesStayReadableAndUnchanged) {
     ds::cpu::apply(targets, patches);
     EXPECT_EQ(target, next.data);
   }
+}
+
+// Through the engine's verified, transactional apply: a tiled delta brings the weights to the
+// new version; the same delta with a block that crosses a tile is refused in one line, every
+// weight and digest as it was.
+TEST(CompactTiles, TheVerifiedApplyTakesTiledDeltasAndRefusesABadOneWritingNothing) {
+  std::mt19937_64 rng(31);
+  Model m = tiled_model(ds::DType::BF16, 0.05, rng);
+  m.encode();
+  const std::vector<uint64_t> base_digests = ds::digest_tensors(m.base_refs());
+  ds::DeltaInfo info;
+  ds::integrity::put_delta_digests(info, ds::integrity::delta_digests(m.meta, m.delta.view(), base_digests, 2, 1));
+  auto encoded = compact::encode(m.meta, m.delta.view(), options_for(64, compact::kFormatVersion1));
+  const auto good = compact::serialize_compact_delta(m.meta, m.delta.view(), info, encoded, options_for(64, compact::kFormatVersion1));
+  // odd.w (stripes only) with twice the stripes its blocks were cut by.
+  const compact::BlockRecords odd = records_of(encoded[3], m.meta[3]);
+  ASSERT_LT(odd.tiles.stripes, 8u);
+  EditableTensor t{encoded[3]};
+  t.set<uint32_t>(EditableTensor::kHeaderStripes, odd.tiles.stripes * 2);
+  encoded[3] = t.e;
+  const auto bad = compact::serialize_compact_delta(m.meta, m.delta.view(), info, encoded, options_for(64, compact::kFormatVersion1));
+
+  ds::engine::CpuSyncEngine engine;
+  auto apply = [&](const std::vector<uint8_t>& bytes, std::vector<std::vector<uint8_t>>& weights, std::vector<uint64_t>& digests) {
+    const ds::st::File file = ds::st::File::from_bytes(bytes, "d.safetensors");
+    std::vector<ds::TensorRef> targets;
+    for (size_t i = 0; i < m.meta.size(); ++i) targets.push_back({m.meta[i].name, weights[i].data(), m.meta[i].numel(), m.meta[i].width()});
+    ds::engine::TransferCounters transfer;
+    engine.apply({&file, 2, 1}, m.meta, targets, digests, 1, transfer);
+  };
+  std::vector<std::vector<uint8_t>> weights = m.base;
+  std::vector<uint64_t> digests = base_digests;
+  try {
+    apply(bad, weights, digests);
+    FAIL() << "a block crossing a tile was applied";
+  } catch (const ds::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("d.safetensors: tensor odd.w: block "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(" crosses a tile boundary"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+  EXPECT_EQ(weights, m.base);
+  EXPECT_EQ(digests, base_digests);
+  apply(good, weights, digests);
+  EXPECT_EQ(weights, m.current);
+  EXPECT_EQ(digests, ds::digest_tensors([&] {
+    std::vector<ds::ConstTensorRef> refs;
+    for (size_t i = 0; i < m.meta.size(); ++i) refs.push_back({m.meta[i].name, m.current[i].data(), m.meta[i].numel(), m.meta[i].width()});
+    return refs;
+  }()));
 }
