@@ -26,10 +26,12 @@ struct Model {
   deltasync::SparseDelta delta;
 
   // A 1-D tensor whose base and current bits are all zero.
-  void add(std::string name, deltasync::DType dtype, uint64_t numel) {
-    meta.push_back({std::move(name), dtype, {numel}});
-    base.emplace_back(numel * deltasync::dtype_width(dtype));
-    current.emplace_back(numel * deltasync::dtype_width(dtype));
+  void add(std::string name, deltasync::DType dtype, uint64_t numel) { add_shaped(std::move(name), dtype, {numel}); }
+  // The same of any shape (two or more dimensions: the codec may cut it into tiles).
+  void add_shaped(std::string name, deltasync::DType dtype, std::vector<uint64_t> shape) {
+    meta.push_back({std::move(name), dtype, std::move(shape)});
+    base.emplace_back(meta.back().numel() * deltasync::dtype_width(dtype));
+    current.emplace_back(meta.back().numel() * deltasync::dtype_width(dtype));
   }
   // Runs the CPU encode on a copy of the base (the shadow), filling `delta`; the base itself
   // stays as it was, for the decode to read.
@@ -123,21 +125,38 @@ inline std::string sweep_case(deltasync::DType dtype, double density, Change kin
          std::to_string(int(kind));
 }
 
+// A model of tensors that the writers cut into tiles at `density` with blocks of `block`: a
+// [rows, cols] matrix, a 3-D tensor (rows = its first two dimensions), a 1-D tensor (never tiled)
+// and one whose columns no power of two above 1 divides (stripes only), with weight-like bits
+// and one-ulp changes.
+inline Model tiled_model(deltasync::DType dtype, double density, std::mt19937_64& rng) {
+  Model m;
+  m.add_shaped("mlp.w", dtype, {192, 96});
+  m.add_shaped("experts.w", dtype, {4, 24, 64});
+  m.add_shaped("norm", dtype, {300});
+  m.add_shaped("odd.w", dtype, {64, 75});
+  for (size_t t = 0; t < m.meta.size(); ++t) {
+    fill_base(m.base[t], m.meta[t].width(), rng, false);
+    make_changes(m, t, density, Change::Ulp, rng);
+  }
+  return m;
+}
+
 // What compact::decode reads: views of the encoder's output.
 inline std::vector<deltasync::compact::EncodedTensorView> views_of(
     const std::vector<deltasync::compact::EncodedTensor>& encoded) {
   std::vector<deltasync::compact::EncodedTensorView> views;
-  for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload, e.version});
+  for (const auto& e : encoded) views.push_back(e.view());
   return views;
 }
 
 // An encoded tensor whose block index a test edits by the documented field offsets
-// (docs/compact-format.md): a 24-byte header, then one 32-byte record a block.
+// (docs/compact-format.md): a 24-byte header (32 in index version 2), then one 32-byte record a block.
 struct EditableTensor {
   deltasync::compact::EncodedTensor e;
 
-  static constexpr size_t kHeaderChanged = 0, kHeaderPayload = 8, kHeaderBlocks = 20;
-  static size_t record(size_t b) { return 24 + 32 * b; }
+  static constexpr size_t kHeaderChanged = 0, kHeaderPayload = 8, kHeaderBlocks = 20, kHeaderBands = 24, kHeaderStripes = 28;
+  size_t record(size_t b) const { return deltasync::compact::index_header_bytes(e.index_version) + 32 * b; }
   static constexpr size_t kFirst = 0, kOffset = 8, kCount = 16, kTable = 20, kRans = 24, kBits = 28;
 
   template <typename T>
@@ -155,7 +174,7 @@ struct EditableTensor {
     set<T>(at, static_cast<T>(get<T>(at) + delta));
   }
   uint32_t blocks() const { return get<uint32_t>(kHeaderBlocks); }
-  std::vector<deltasync::compact::EncodedTensorView> views() const { return {{e.name, e.block_index, e.payload, e.version}}; }
+  std::vector<deltasync::compact::EncodedTensorView> views() const { return {e.view()}; }
 
   // Flips one to three random bits, in the block index one time in four, else in the payload.
   void flip_random_bits(std::mt19937_64& rng) {

@@ -402,15 +402,15 @@ TEST_P(CompactCorrupt, TruncatedPayload) {
   EXPECT_REFUSED(c, "payload has");
   // Consistently shortened last block (its raw bits lose a byte): the stream runs dry.
   Corruptible d(GetParam());
-  const size_t last = Corruptible::record(d.blocks() - 1);
+  const size_t last = d.record(d.blocks() - 1);
   d.e.payload.pop_back();
   d.set<uint32_t>(last + Corruptible::kBits, d.get<uint32_t>(last + Corruptible::kBits) - 1);
   d.set<uint64_t>(Corruptible::kHeaderPayload, d.e.payload.size());
   EXPECT_REFUSED(d, "block " + std::to_string(d.blocks() - 1) + ": raw bit stream truncated");
   // A block whose rANS stream lost bytes (the raw bits slide into it).
   Corruptible r(GetParam());
-  r.set<uint32_t>(Corruptible::record(1) + Corruptible::kRans, r.get<uint32_t>(Corruptible::record(1) + Corruptible::kRans) - 3);
-  r.set<uint32_t>(Corruptible::record(1) + Corruptible::kBits, r.get<uint32_t>(Corruptible::record(1) + Corruptible::kBits) + 3);
+  r.set<uint32_t>(r.record(1) + Corruptible::kRans, r.get<uint32_t>(r.record(1) + Corruptible::kRans) - 3);
+  r.set<uint32_t>(r.record(1) + Corruptible::kBits, r.get<uint32_t>(r.record(1) + Corruptible::kBits) + 3);
   EXPECT_REFUSED(r, "block 1: ");
   // The block index itself cut short.
   Corruptible i(GetParam());
@@ -447,7 +447,7 @@ TEST_P(CompactCorrupt, TrailingGarbage) {
   }
   {  // a byte claimed by the last block's raw bits
     Corruptible c(GetParam());
-    const size_t last = Corruptible::record(c.blocks() - 1);
+    const size_t last = c.record(c.blocks() - 1);
     c.e.payload.push_back(0);
     c.set<uint32_t>(last + Corruptible::kBits, c.get<uint32_t>(last + Corruptible::kBits) + 1);
     c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
@@ -455,8 +455,8 @@ TEST_P(CompactCorrupt, TrailingGarbage) {
   }
   {  // tables with a byte too many
     Corruptible c(GetParam());
-    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kTable, c.get<uint32_t>(Corruptible::record(0) + Corruptible::kTable) + 1);
-    c.set<uint32_t>(Corruptible::record(0) + Corruptible::kRans, c.get<uint32_t>(Corruptible::record(0) + Corruptible::kRans) - 1);
+    c.set<uint32_t>(c.record(0) + Corruptible::kTable, c.get<uint32_t>(c.record(0) + Corruptible::kTable) + 1);
+    c.set<uint32_t>(c.record(0) + Corruptible::kRans, c.get<uint32_t>(c.record(0) + Corruptible::kRans) - 1);
     EXPECT_REFUSED(c, "block 0: ");
   }
 }

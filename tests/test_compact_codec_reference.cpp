@@ -4,7 +4,8 @@
 // writer; a chunked decoder with padded, unchecked reads and a lagged base gather) must
 // produce exactly these bytes and decode them back. The cases sit on the decoder's internal
 // boundaries (chunks of 16 changes, a gather lag of 32) and include gaps so large that a
-// change's raw bits exceed one 64-bit read.
+// change's raw bits exceed one 64-bit read; tiled tensors follow the page's tiles (the rule,
+// coded positions, blocks cut tile by tile).
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
@@ -219,6 +220,10 @@ void expect_version_matches_reference(const ds::TensorMeta& meta, const void* ba
 
   const uint32_t num_blocks = read_le<uint32_t>(e.block_index, 20);
   ASSERT_EQ(num_blocks, (positions.size() + block_elements - 1) / block_elements);
+  // The writers' default is index version 2 (32-byte header: a 1-D tensor has one tile).
+  ASSERT_EQ(e.index_version, compact::kIndexVersion2);
+  EXPECT_EQ(read_le<uint32_t>(e.block_index, 24), 1u);
+  EXPECT_EQ(read_le<uint32_t>(e.block_index, 28), 1u);
   size_t offset = 0;
   for (uint32_t b = 0; b < num_blocks; ++b) {
     const size_t first = size_t{b} * block_elements;
@@ -226,7 +231,7 @@ void expect_version_matches_reference(const ds::TensorMeta& meta, const void* ba
     const ReferenceBlock ref =
         reference_block(positions.data() + first, new_bits.data() + first * w, base_bits.data() + first * w, count, w,
                         version);
-    const size_t record = 24 + 32 * size_t{b};
+    const size_t record = 32 + 32 * size_t{b};
     EXPECT_EQ(read_le<uint64_t>(e.block_index, record), static_cast<uint64_t>(positions[first])) << "block " << b;
     EXPECT_EQ(read_le<uint64_t>(e.block_index, record + 8), offset) << "block " << b;
     EXPECT_EQ(read_le<uint32_t>(e.block_index, record + 16), count) << "block " << b;
@@ -240,7 +245,7 @@ void expect_version_matches_reference(const ds::TensorMeta& meta, const void* ba
   }
   EXPECT_EQ(offset, e.payload.size());
 
-  const std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload, e.version}};
+  const std::vector<compact::EncodedTensorView> views{e.view()};
   const std::vector<ds::ConstTensorRef> refs{{meta.name, base, meta.numel(), w}};
   compact::DecodedDelta decoded;
   compact::decode(views, metas, refs, "mem", decoded);
@@ -322,4 +327,96 @@ TEST(CompactReference, GapsWhoseRawBitsExceedOneRead) {
     expect_matches_reference(meta, mapping, positions, new_bits, base_bits, block);
   }
   munmap(mapping, numel * w);
+}
+
+// Tiles, from the page (docs/compact-format.md, "Tiles"): the rule's bands and stripes, coded
+// positions q = k*R*W + r*W + c mod W, the changes in ascending q, blocks cut tile by tile, each
+// coded by the reference against the base bits at its flat position. Written here from the text,
+// not from compact_tiles.hpp.
+TEST(CompactReference, TiledTensorsFollowThePage) {
+  std::mt19937_64 rng(77);
+  struct Shape {
+    uint64_t rows, cols;
+    uint32_t block;
+  };
+  // Bands and stripes; stripes alone (75 columns); blocks above 4096 changes (tiles of 4096).
+  for (const Shape s : {Shape{96, 64, 16}, Shape{40, 75, 8}, Shape{256, 512, 8192}}) {
+    const uint64_t R = s.rows, C = s.cols, numel = R * C;
+    const ds::TensorMeta meta{"t", ds::DType::BF16, {R, C}};
+    std::vector<uint8_t> base(numel * 2);
+    for (auto& byte : base) byte = static_cast<uint8_t>(rng());
+    std::vector<int64_t> positions;
+    std::vector<uint8_t> new_bits, base_bits;
+    for (uint64_t p = 0; p < numel; ++p) {
+      if (rng() % 4 != 0) continue;  // 25% changed
+      positions.push_back(static_cast<int64_t>(p));
+      uint16_t v = static_cast<uint16_t>(base[2 * p] | base[2 * p + 1] << 8);
+      v = static_cast<uint16_t>(v + 1);
+      new_bits.insert(new_bits.end(), {static_cast<uint8_t>(v), static_cast<uint8_t>(v >> 8)});
+      base_bits.insert(base_bits.end(), {base[2 * p], base[2 * p + 1]});
+    }
+    const uint64_t n = positions.size();
+    // The rule: grow bands and stripes together (each while <= 8 and dividing C, resp. R) while
+    // every tile keeps at least min(block, 4096) changes on average.
+    uint64_t bands = 1, stripes = 1;
+    for (;;) {
+      const bool b = bands * 2 <= 8 && C % (bands * 2) == 0, st = stripes * 2 <= 8 && R % (stripes * 2) == 0;
+      const uint64_t next = bands * stripes * (b ? 2 : 1) * (st ? 2 : 1);
+      if (next == bands * stripes || next > n / std::min<uint64_t>(s.block, 4096)) break;
+      bands *= b ? 2 : 1;
+      stripes *= st ? 2 : 1;
+    }
+    const uint64_t W = C / bands, H = R / stripes;
+    struct Change {
+      uint64_t q, p;
+    };
+    std::vector<Change> coded;
+    for (uint64_t i = 0; i < n; ++i) {
+      const auto p = static_cast<uint64_t>(positions[i]);
+      const uint64_t r = p / C, c = p % C, k = c / W;
+      coded.push_back({k * R * W + r * W + c % W, i});
+    }
+    std::sort(coded.begin(), coded.end(), [](const Change& a, const Change& b) { return a.q < b.q; });
+    std::vector<int64_t> q_positions;
+    std::vector<uint8_t> q_new, q_base;
+    std::vector<uint64_t> tile_of;
+    for (const Change& ch : coded) {
+      q_positions.push_back(static_cast<int64_t>(ch.q));
+      q_new.insert(q_new.end(), new_bits.begin() + 2 * ch.p, new_bits.begin() + 2 * ch.p + 2);
+      q_base.insert(q_base.end(), base_bits.begin() + 2 * ch.p, base_bits.begin() + 2 * ch.p + 2);
+      tile_of.push_back(ch.q / (R * W) * stripes + ch.q % (R * W) / W / H);
+    }
+
+    ds::SparseDelta delta;
+    delta.offsets = {0, n};
+    delta.value_offsets = {0, 2 * n};
+    delta.indices = positions;
+    delta.values = new_bits;
+    delta.base_values = base_bits;
+    compact::Options options;
+    options.block_elements = s.block;
+    const std::vector<ds::TensorMeta> metas{meta};
+    const auto e = compact::encode(metas, delta.view(), options).at(0);
+    SCOPED_TRACE(std::to_string(R) + " x " + std::to_string(C) + ", blocks of " + std::to_string(s.block));
+    EXPECT_EQ(read_le<uint32_t>(e.block_index, 24), bands);
+    EXPECT_EQ(read_le<uint32_t>(e.block_index, 28), stripes);
+    size_t offset = 0, b = 0;
+    for (uint64_t first = 0; first < n; ++b) {
+      uint64_t count = 1;
+      while (first + count < n && count < s.block && tile_of[first + count] == tile_of[first]) ++count;
+      const ReferenceBlock ref = reference_block(q_positions.data() + first, q_new.data() + 2 * first, q_base.data() + 2 * first,
+                                                 static_cast<uint32_t>(count), 2, compact::kFormatVersion1);
+      const size_t record = 32 + 32 * b;
+      ASSERT_LE(record + 32, e.block_index.size()) << "block " << b;
+      EXPECT_EQ(read_le<uint64_t>(e.block_index, record), q_positions[first]) << "block " << b;
+      EXPECT_EQ(read_le<uint32_t>(e.block_index, record + 16), count) << "block " << b;
+      ASSERT_LE(offset + ref.payload.size(), e.payload.size());
+      EXPECT_TRUE(std::equal(ref.payload.begin(), ref.payload.end(), e.payload.begin() + static_cast<ptrdiff_t>(offset))) << "block " << b;
+      offset += ref.payload.size();
+      first += count;
+    }
+    EXPECT_EQ(read_le<uint32_t>(e.block_index, 20), b);
+    EXPECT_EQ(offset, e.payload.size());
+    EXPECT_GT(bands * stripes, 1u);
+  }
 }

@@ -2,9 +2,10 @@
 // the same .cindex/.cdata bytes for every width, density, kind of change and block size; decode
 // returns the same positions, new bits and base bits, which cuda::Applier turns into the new
 // weights; and every corrupt payload is refused with the CPU twin's exact message, leaving the
-// base as it was. Every test skips where no CUDA device exists, except CompactBlockLogic: the
-// device's per-block decode logic is plain host/device code, run here on the host against the
-// CPU decoder, so that a change to the CPU decoder's order of checks is caught without a GPU.
+// base as it was. Every test skips where no CUDA device exists, except CompactBlockLogic and
+// CompactTileLogic: the device's per-block decode logic and its per-change reordering of tiled
+// tensors are plain host/device code, run here on the host against the CPU codec, so that a
+// change to the CPU decoder's order of checks or to the tile order is caught without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -27,6 +28,8 @@
 // White-box: the block logic the decode kernel runs (and its message text), compiled for the host.
 #include "../kernels/src/compact_decode_kernels.cuh"
 #include "../kernels/src/compact_fault_text.hpp"
+#include "../kernels/src/compact_tile_kernels.cuh"
+#include "codec/compact_tile_order.hpp"
 
 namespace ds = deltasync;
 namespace compact = deltasync::compact;
@@ -180,6 +183,7 @@ class CudaCompactCodec : public testing::Test {
     for (size_t i = 0; i < cpu.size(); ++i) {
       EXPECT_EQ(gpu[i].name, cpu[i].name);
       EXPECT_EQ(gpu[i].changed, cpu[i].changed);
+      EXPECT_EQ(gpu[i].index_version, cpu[i].index_version);
       EXPECT_EQ(gpu[i].block_index, cpu[i].block_index) << cpu[i].name;
       EXPECT_EQ(gpu[i].payload, cpu[i].payload) << cpu[i].name;
     }
@@ -359,6 +363,21 @@ TEST_F(CudaCompactCodec, RealisticAdamWSteps) {
   }
 }
 
+// Tensors cut into tiles (banded: coded positions; stripes only): the device encoder writes the
+// CPU's bytes, and decodes them (a CPU publisher's file) into flat order on the device base.
+TEST_F(CudaCompactCodec, TiledTensorsEncodeAndDecodeLikeTheCpu) {
+  for (ds::DType dtype : kOneOfEachWidth) {
+    for (double density : {0.01, 0.1, 1.0}) {
+      for (uint32_t block : {7u, 16u, 64u, 16384u}) {
+        std::mt19937_64 rng(block + static_cast<uint64_t>(density * 100));
+        Model m = tiled_model(dtype, density, rng);
+        SCOPED_TRACE(std::string(ds::dtype_name(dtype)) + " density " + std::to_string(density) + " block " + std::to_string(block));
+        expect_codecs_agree(m, block);
+      }
+    }
+  }
+}
+
 TEST_F(CudaCompactCodec, EncodesDirectlyFromTheCudaEncoder) {
   std::mt19937_64 rng(31);
   Model m;
@@ -508,7 +527,7 @@ TEST_F(CudaCompactCorrupt, TruncatedStreams) {
   }
   {  // the last block's raw bits lose a byte, consistently in the index
     Corruptible c;
-    const size_t last = Corruptible::record(c.blocks() - 1);
+    const size_t last = c.record(c.blocks() - 1);
     c.e.payload.pop_back();
     c.add<uint32_t>(last + Corruptible::kBits, -1);
     c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
@@ -516,21 +535,21 @@ TEST_F(CudaCompactCorrupt, TruncatedStreams) {
   }
   {  // a rANS stream loses bytes to the raw bits
     Corruptible c;
-    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kRans, -3);
-    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kBits, 3);
+    c.add<uint32_t>(c.record(1) + Corruptible::kRans, -3);
+    c.add<uint32_t>(c.record(1) + Corruptible::kBits, 3);
     expect_same_refusal(c, "block 1: ");
   }
   {  // a rANS stream shorter than its four states
     Corruptible c;
-    const uint32_t rans = c.get<uint32_t>(Corruptible::record(2) + Corruptible::kRans);
-    c.add<uint32_t>(Corruptible::record(2) + Corruptible::kRans, 12 - int64_t{rans});
-    c.add<uint32_t>(Corruptible::record(2) + Corruptible::kBits, int64_t{rans} - 12);
+    const uint32_t rans = c.get<uint32_t>(c.record(2) + Corruptible::kRans);
+    c.add<uint32_t>(c.record(2) + Corruptible::kRans, 12 - int64_t{rans});
+    c.add<uint32_t>(c.record(2) + Corruptible::kBits, int64_t{rans} - 12);
     expect_same_refusal(c, "block 2: rANS stream truncated");
   }
   {  // tables cut into the rANS stream
     Corruptible c;
-    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kTable, -2);
-    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kRans, 2);
+    c.add<uint32_t>(c.record(0) + Corruptible::kTable, -2);
+    c.add<uint32_t>(c.record(0) + Corruptible::kRans, 2);
     expect_same_refusal(c, "block 0: ");
   }
   {
@@ -551,6 +570,24 @@ TEST_F(CudaCompactCorrupt, BadBlockIndex) {
   }
 }
 
+TEST_F(CudaCompactCorrupt, ABlockCrossingATileIsRefusedLikeTheCpu) {
+  Corruptible c;
+  Model m;
+  std::mt19937_64 rng(5);
+  m.add_shaped("layer.w", ds::DType::BF16, {150, 200});
+  fill_base(m.base[0], 2, rng, false);
+  make_changes(m, 0, 0.05, Change::Ulp, rng);
+  m.encode();
+  compact::Options options;
+  options.block_elements = 500;  // ~1500 changes in 3 blocks: one tile
+  c.m = m;
+  c.e = compact::encode(m.meta, m.delta.view(), options).at(0);
+  ASSERT_EQ(c.e.index_version, compact::kIndexVersion2);
+  // Stripes the blocks were not cut by: some block crosses into the next stripe.
+  c.set<uint32_t>(Corruptible::kHeaderStripes, 2 * c.get<uint32_t>(Corruptible::kHeaderStripes));
+  expect_same_refusal(c, "crosses a tile boundary");
+}
+
 TEST_F(CudaCompactCorrupt, OverlongGap) {
   Corruptible c;
   c.e = changes_at_0_and_50_of_60();
@@ -569,26 +606,26 @@ TEST_F(CudaCompactCorrupt, TrailingBytesAndBadTables) {
   {
     Corruptible c;
     c.e.payload.push_back(0);
-    c.add<uint32_t>(Corruptible::record(c.blocks() - 1) + Corruptible::kBits, 1);
+    c.add<uint32_t>(c.record(c.blocks() - 1) + Corruptible::kBits, 1);
     c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
     expect_same_refusal(c, "raw bit stream has trailing bytes");
   }
   {  // a nonzero padding bit in the last raw byte
     Corruptible c;
     c.e.payload.push_back(0x80);
-    c.add<uint32_t>(Corruptible::record(c.blocks() - 1) + Corruptible::kBits, 1);
+    c.add<uint32_t>(c.record(c.blocks() - 1) + Corruptible::kBits, 1);
     c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
     expect_same_refusal(c, "raw bit stream has trailing bytes");
   }
   {
     Corruptible c;
-    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kTable, 1);
-    c.add<uint32_t>(Corruptible::record(0) + Corruptible::kRans, -1);
+    c.add<uint32_t>(c.record(0) + Corruptible::kTable, 1);
+    c.add<uint32_t>(c.record(0) + Corruptible::kRans, -1);
     expect_same_refusal(c, "block 0: ");
   }
   {  // gap table announcing too many symbols (first byte of block 3's payload)
     Corruptible c;
-    const uint64_t at = c.get<uint64_t>(Corruptible::record(3) + Corruptible::kOffset);
+    const uint64_t at = c.get<uint64_t>(c.record(3) + Corruptible::kOffset);
     c.e.payload[at] = 0x7F;
     expect_same_refusal(c, "block 3: ");
   }
@@ -597,7 +634,7 @@ TEST_F(CudaCompactCorrupt, TrailingBytesAndBadTables) {
 TEST_F(CudaCompactCorrupt, Version2TruncatedStreamsAndBadStates) {
   {
     Corruptible c(compact::kFormatVersion2);
-    const size_t last = Corruptible::record(c.blocks() - 1);
+    const size_t last = c.record(c.blocks() - 1);
     c.e.payload.pop_back();
     c.add<uint32_t>(last + Corruptible::kBits, -1);
     c.set<uint64_t>(Corruptible::kHeaderPayload, c.e.payload.size());
@@ -605,15 +642,15 @@ TEST_F(CudaCompactCorrupt, Version2TruncatedStreamsAndBadStates) {
   }
   {  // a lane's initial state out of range (block 2's state bytes follow its tables)
     Corruptible c(compact::kFormatVersion2);
-    const uint64_t at = c.get<uint64_t>(Corruptible::record(2) + Corruptible::kOffset) +
-                        c.get<uint32_t>(Corruptible::record(2) + Corruptible::kTable);
+    const uint64_t at = c.get<uint64_t>(c.record(2) + Corruptible::kOffset) +
+                        c.get<uint32_t>(c.record(2) + Corruptible::kTable);
     c.e.payload[at + 4 * 7 + 3] = 0xFF;
     expect_same_refusal(c, "block 2: rANS stream has an invalid initial state");
   }
   {  // the rANS stream loses a word to the raw bits
     Corruptible c(compact::kFormatVersion2);
-    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kRans, -2);
-    c.add<uint32_t>(Corruptible::record(1) + Corruptible::kBits, 2);
+    c.add<uint32_t>(c.record(1) + Corruptible::kRans, -2);
+    c.add<uint32_t>(c.record(1) + Corruptible::kBits, 2);
     expect_same_refusal(c, "block 1: ");
   }
 }
@@ -694,7 +731,7 @@ std::string emulate_decode(const compact::EncodedTensor& e, const std::vector<ui
   std::vector<uint64_t> firsts;
   uint64_t first = 0;
   for (uint32_t b = 0; b < num_blocks; ++b) {
-    const uint8_t* r = e.block_index.data() + 24 + 32 * size_t{b};
+    const uint8_t* r = e.block_index.data() + compact::index_header_bytes(e.index_version) + 32 * size_t{b};
     const detail::CompactDecodeTask task{e.payload.data() + read_le(r + 8, 8),
                                          base.data(),
                                          out.indices.data() + first,
@@ -765,7 +802,7 @@ TEST(CompactBlockLogic, DecodesAndRefusesExactlyLikeTheCpuDecoder) {
           for (int k = 0; k < flips; ++k) e.payload[rng() % e.payload.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
           if (rng() % 2 == 0) {  // move the border between tables and rANS, or rANS and raw bits
             const auto blocks = static_cast<uint32_t>(block_logic::read_le(e.block_index.data() + 20, 4));
-            uint8_t* record = e.block_index.data() + 24 + 32 * size_t{rng() % blocks};
+            uint8_t* record = e.block_index.data() + compact::index_header_bytes(e.index_version) + 32 * size_t{rng() % blocks};
             const size_t at = 20 + 4 * (rng() % 2);
             const int64_t shift = static_cast<int64_t>(rng() % 11) - 5;
             uint32_t a = 0, b = 0;
@@ -779,7 +816,7 @@ TEST(CompactBlockLogic, DecodesAndRefusesExactlyLikeTheCpuDecoder) {
             }
           }
         }
-        const std::vector<compact::EncodedTensorView> views{{e.name, e.block_index, e.payload, e.version}};
+        const std::vector<compact::EncodedTensorView> views{e.view()};
         const Outcome cpu = cpu_decode(views, m, "fuzz");
         ds::SparseDelta gpu;
         const std::string gpu_error = block_logic::emulate_decode(e, m.base[0], m.meta[0].numel(), w, gpu);
@@ -800,3 +837,93 @@ TEST(CompactBlockLogic, DecodesAndRefusesExactlyLikeTheCpuDecoder) {
 }
 
 }  // namespace
+
+namespace tile_logic {
+
+namespace detail = deltasync::cuda::detail;
+
+// What the tile kernels compute for one banded tensor, item by item on the host: segment counts,
+// their exclusive scan, then one reorder step per change (compact_tile_kernels.cuh).
+std::vector<uint64_t> scanned_segments(const detail::TiledTensor& t, bool band_major) {
+  const uint64_t segments = t.tiles.rows * t.tiles.bands;
+  std::vector<uint64_t> start(segments + 1, 0);
+  for (uint64_t s = 0; s < segments; ++s)
+    start[s + 1] = start[s] + (band_major ? detail::compact_tiles::band_row_count(t, s) : detail::compact_tiles::row_band_count(t, s));
+  return start;
+}
+
+}  // namespace tile_logic
+
+TEST(CompactTileLogic, TheKernelsReorderingAndTileStartsAreTheCpuTwins) {
+  namespace detail = deltasync::cuda::detail;
+  int banded = 0, striped = 0;
+  for (ds::DType dtype : kOneOfEachWidth) {
+    for (double density : {0.02, 0.3, 1.0}) {
+      const uint32_t w = ds::dtype_width(dtype);
+      std::mt19937_64 rng(static_cast<uint64_t>(density * 1000) + w);
+      Model m = tiled_model(dtype, density, rng);
+      m.encode();
+      SCOPED_TRACE(std::string(ds::dtype_name(dtype)) + " density " + std::to_string(density));
+      for (size_t t = 0; t < m.meta.size(); ++t) {
+        const uint64_t n = m.delta.view().count(t);
+        if (n == 0) continue;
+        const compact::TileGeometry g = compact::choose_tiles(m.meta[t].shape, n, 16, 8);
+        if (g.tiles() == 1) continue;
+        const std::span<const int64_t> positions(m.delta.indices.data() + m.delta.offsets[t], n);
+        const std::span<const uint8_t> new_bits(m.delta.values.data() + m.delta.value_offsets[t], n * w);
+        const std::span<const uint8_t> base_bits(m.delta.base_values.data() + m.delta.value_offsets[t], n * w);
+        const compact::CodedOrder cpu = compact::to_coded_order(g, positions, new_bits, base_bits, w);
+
+        // Encoder: flat -> coded order, then the tile starts.
+        std::vector<int64_t> coded(n);
+        std::vector<uint8_t> coded_new(n * w), coded_base(n * w);
+        detail::TiledTensor enc{positions.data(), new_bits.data(), base_bits.data(), nullptr, coded.data(), coded_new.data(),
+                                coded_base.data(), n, 0, 0, 0, g, w};
+        if (g.bands > 1) {
+          const std::vector<uint64_t> start = tile_logic::scanned_segments(enc, true);
+          for (uint64_t i = 0; i < n; ++i) detail::compact_tiles::to_coded_one(enc, i, start.data());
+          EXPECT_EQ(coded, cpu.positions) << m.meta[t].name;
+          EXPECT_EQ(coded_new, cpu.new_bits) << m.meta[t].name;
+          EXPECT_EQ(coded_base, cpu.base_bits) << m.meta[t].name;
+        }
+        const int64_t* coded_positions = g.bands > 1 ? coded.data() : positions.data();
+        for (uint32_t j = 0; j < g.tiles(); ++j)
+          EXPECT_EQ(detail::compact_tiles::tile_start(enc, coded_positions, j), cpu.tile_starts[j]) << m.meta[t].name << " tile " << j;
+        if (g.bands == 1) {
+          ++striped;
+          continue;
+        }
+        ++banded;
+
+        // Decoder: what the block decoder leaves (coded positions, new bits decoded against the
+        // base at the coded positions) back to flat order on the base: the delta itself.
+        std::vector<uint8_t> decoded_new(n * w), decoded_base(n * w);
+        for (uint64_t i = 0; i < n; ++i) {
+          const uint32_t at_q = load(m.base[t], static_cast<uint64_t>(coded[i]), w);
+          const uint32_t symbol = compact::value_symbol(load(coded_new, i, w), load(coded_base, i, w), w);
+          store(decoded_base, i, w, at_q);
+          store(decoded_new, i, w, compact::apply_value_symbol(symbol, at_q, w));
+        }
+        std::vector<int64_t> flat(n);
+        std::vector<uint8_t> flat_new(n * w), flat_base(n * w);
+        detail::TiledTensor dec{coded.data(), decoded_new.data(), decoded_base.data(), m.base[t].data(), flat.data(), flat_new.data(),
+                                flat_base.data(), n, 0, 0, 0, g, w};
+        const std::vector<uint64_t> start = tile_logic::scanned_segments(dec, false);
+        for (uint64_t i = 0; i < n; ++i) detail::compact_tiles::to_flat_one(dec, i, start.data());
+        EXPECT_TRUE(std::equal(flat.begin(), flat.end(), positions.begin())) << m.meta[t].name;
+        EXPECT_TRUE(std::equal(flat_new.begin(), flat_new.end(), new_bits.begin())) << m.meta[t].name;
+        EXPECT_TRUE(std::equal(flat_base.begin(), flat_base.end(), base_bits.begin())) << m.meta[t].name;
+        // And the CPU's reorder of what its decoder leaves (coded order, bits of the flat positions).
+        std::vector<int64_t> cpu_flat(n);
+        std::vector<uint8_t> cpu_new(n * w), cpu_base(n * w);
+        compact::to_flat_order(g, {cpu.positions, cpu.new_bits, cpu.base_bits}, w, cpu_flat, cpu_new, cpu_base);
+        EXPECT_EQ(cpu_flat, flat);
+        EXPECT_EQ(cpu_new, flat_new);
+        EXPECT_EQ(cpu_base, flat_base);
+      }
+    }
+  }
+  EXPECT_GT(banded, 10);
+  EXPECT_GT(striped, 2);  // odd.w: 75 columns take no bands
+}
+

@@ -233,6 +233,39 @@ TEST(CudaSyncEngine, DeviceCodedStagingEqualsCompactEncodeOfTheCpuChanges) {
   }
 }
 
+// The publisher describes its tensors' shapes (EncodeRequest::tensors): the device codes the
+// tiles the CPU codec cuts for those shapes, byte for byte, with one more synchronization.
+TEST(CudaSyncEngine, DeviceCodedStagingCutsTheDescribedShapesIntoTheCpusTiles) {
+  SKIP_WITHOUT_GPU();
+  const Tensors shapes = shapes_of({"attn.w", "mlp.w", "norm", "frozen.bias"}, {512 * 256, 256 * 384, 333, 1'000}, {2, 4, 2, 2});
+  std::vector<ds::TensorMeta> described = shapes.metas();
+  described[0].shape = {512, 256};
+  described[1].shape = {256, 384};
+  Model v = random_model(shapes, 4);
+  Publish p(shapes, en::ShadowKind::kFull, v);
+  en::EncodeRequest request;
+  request.want_coded = true;
+  request.compact.block_elements = 128;
+  request.tensors = described;
+  v = step(shapes, v, 21);
+  en::StagedDelta cpu, gpu;
+  p.encode(v, request, cpu, gpu);
+  const auto expected = ds::compact::encode(described, cpu.changes.view(), request.compact);
+  ASSERT_EQ(gpu.coded.size(), expected.size());
+  uint32_t banded = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(gpu.coded[i].index_version, expected[i].index_version);
+    EXPECT_EQ(gpu.coded[i].block_index, expected[i].block_index) << expected[i].name;
+    EXPECT_EQ(gpu.coded[i].payload, expected[i].payload) << expected[i].name;
+    const auto& d = described[i];  // the unchanged frozen.bias is last: changed tensors keep their index
+    const auto rec = ds::compact::read_block_records(expected[i].block_index, expected[i].payload.size(), d.shape,
+                                                      expected[i].index_version, expected[i].name);
+    banded += rec.tiles.bands > 1;
+  }
+  EXPECT_EQ(banded, 2u);  // both matrices: ~2% of 131072 and 98304 elements in blocks of 128
+  EXPECT_EQ(gpu.transfer.host_syncs, 4u);
+}
+
 TEST(CudaSyncEngine, NothingChangedCodesNothing) {
   SKIP_WITHOUT_GPU();
   const Tensors shapes = mixed_shapes();

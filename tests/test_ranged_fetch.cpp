@@ -11,6 +11,9 @@
 #include <thread>
 #include <variant>
 #include <array>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "codec/compact_block_subset.hpp"
 #include "codec/compact_codec.hpp"
@@ -48,13 +51,24 @@ struct Encoded {
     enc = compact::encode(m.meta, m.delta.view(), options);
   }
   compact::BlockRecords records() const {
-    return compact::read_block_records(enc[0].block_index, enc[0].payload.size(), m.meta[0].numel(), "w");
+    return compact::read_block_records(enc[0].block_index, enc[0].payload.size(), m.meta[0].shape, enc[0].index_version, "w");
   }
 };
 
-std::vector<compact::BlockRecord> blocks_at(std::initializer_list<uint64_t> firsts) {
-  std::vector<compact::BlockRecord> out;
-  for (uint64_t f : firsts) out.push_back(compact::BlockRecord{f, 0, 1, 0, 0, 0});
+// The records of blocks starting at `firsts` in a tensor of `rows` x `cols` cut into tiles.
+compact::BlockRecords blocks_at(std::initializer_list<uint64_t> firsts, uint64_t rows, uint64_t cols, uint32_t bands = 1,
+                                uint32_t stripes = 1) {
+  compact::BlockRecords out;
+  out.index_version = compact::kIndexVersion2;
+  out.tiles = compact::TileGeometry{rows, cols, bands, stripes};
+  for (uint64_t f : firsts) out.blocks.push_back(compact::BlockRecord{f, 0, 1, 0, 0, 0});
+  return out;
+}
+
+// Chunk ends of `size`-byte chunks over `data` bytes (what objects sealed before had).
+std::vector<uint64_t> fixed_ends(uint64_t size, uint64_t data) {
+  std::vector<uint64_t> out;
+  for (uint64_t at = size; at < data + size; at += size) out.push_back(std::min(at, data));
   return out;
 }
 
@@ -68,9 +82,10 @@ TEST(BlockSubset, AnySubsetOfBlocksDecodesToExactlyThoseBlocksChanges) {
   std::vector<std::span<const uint8_t>> payloads;
   for (uint32_t b : chosen)
     payloads.push_back(std::span<const uint8_t>(e.enc[0].payload).subspan(rec.blocks[b].payload_offset, rec.blocks[b].payload_bytes()));
-  const compact::BlockSubset subset = compact::build_block_subset(rec, chosen, payloads, e.m.meta[0].numel(), "w");
+  const compact::BlockSubset subset = compact::build_block_subset(rec, chosen, payloads, "w");
 
-  const std::vector<compact::EncodedTensorView> views = {{"w", subset.block_index, subset.payload}};
+  const std::vector<compact::EncodedTensorView> views = {
+      {"w", subset.block_index, subset.payload, e.enc[0].version, e.enc[0].index_version}};
   compact::DecodedDelta decoded;
   compact::decode(views, e.m.meta, e.m.base_refs(), "subset", decoded, e.options);
   // The changes of the chosen blocks, in order: block b holds changes [64 b, 64 b + count).
@@ -92,34 +107,36 @@ TEST(BlockSubset, RefusesAPayloadOfTheWrongSizeAChoiceOutOfOrderAndABadIndex) {
   auto payload = [&](uint32_t b) {
     return std::span<const uint8_t>(e.enc[0].payload).subspan(rec.blocks[b].payload_offset, rec.blocks[b].payload_bytes());
   };
-  const uint64_t n = e.m.meta[0].numel();
+  const std::vector<uint64_t>& shape = e.m.meta[0].shape;
+  const uint32_t iv = e.enc[0].index_version;
   {
     const std::vector<uint32_t> chosen = {2};
     const std::vector<std::span<const uint8_t>> short_payload = {payload(2).first(payload(2).size() - 1)};
-    EXPECT_NE(error_message([&] { compact::build_block_subset(rec, chosen, short_payload, n, "f: tensor w"); })
+    EXPECT_NE(error_message([&] { compact::build_block_subset(rec, chosen, short_payload, "f: tensor w"); })
                   .find("f: tensor w: block 2: payload has"),
               std::string::npos);
   }
   {
     const std::vector<uint32_t> chosen = {3, 1};
     const std::vector<std::span<const uint8_t>> p = {payload(3), payload(1)};
-    EXPECT_NE(error_message([&] { compact::build_block_subset(rec, chosen, p, n, "w"); }).find("out of order"), std::string::npos);
+    EXPECT_NE(error_message([&] { compact::build_block_subset(rec, chosen, p, "w"); }).find("out of order"), std::string::npos);
   }
   std::vector<uint8_t> truncated(e.enc[0].block_index.begin(), e.enc[0].block_index.end() - 1);
-  EXPECT_NE(error_message([&] { compact::read_block_records(truncated, e.enc[0].payload.size(), n, "f: tensor w"); })
+  EXPECT_NE(error_message([&] { compact::read_block_records(truncated, e.enc[0].payload.size(), shape, iv, "f: tensor w"); })
                 .find("f: tensor w: block index has"),
             std::string::npos);
-  EXPECT_NE(error_message([&] { compact::read_block_records(e.enc[0].block_index, e.enc[0].payload.size() + 1, n, "w"); })
+  EXPECT_NE(error_message([&] { compact::read_block_records(e.enc[0].block_index, e.enc[0].payload.size() + 1, shape, iv, "w"); })
                 .find("payload has"),
             std::string::npos);
-  EXPECT_NE(error_message([&] { compact::read_block_records(e.enc[0].block_index, e.enc[0].payload.size(), 10, "w"); })
+  const std::vector<uint64_t> ten{10};
+  EXPECT_NE(error_message([&] { compact::read_block_records(e.enc[0].block_index, e.enc[0].payload.size(), ten, iv, "w"); })
                 .find("outside the tensor"),
             std::string::npos);
 }
 
 TEST(BlockSubset, ABlockIsNeededWhenItsPositionSpanMeetsANeededSpan) {
-  const auto blocks = blocks_at({0, 100, 200});  // spans [0,100) [100,200) [200,300)
-  auto pick = [&](std::vector<ElementSpan> needed) { return compact::blocks_overlapping(blocks, 300, needed); };
+  const auto blocks = blocks_at({0, 100, 200}, 1, 300);  // spans [0,100) [100,200) [200,300)
+  auto pick = [&](std::vector<ElementSpan> needed) { return compact::blocks_overlapping(blocks, needed); };
   EXPECT_EQ(pick({}), std::vector<uint32_t>{});
   EXPECT_EQ(pick({{150, 160}}), std::vector<uint32_t>{1});
   EXPECT_EQ(pick({{99, 100}}), std::vector<uint32_t>{0});
@@ -129,12 +146,76 @@ TEST(BlockSubset, ABlockIsNeededWhenItsPositionSpanMeetsANeededSpan) {
   EXPECT_EQ(pick({{0, 300}}), (std::vector<uint32_t>{0, 1, 2}));
 }
 
+// ---- tiles ------------------------------------------------------------------------------------
+
+TEST(Tiles, CodedPositionsRunBandByBandAndSpansFollowThem) {
+  // A [4, 8] tensor in 2 bands of 4 columns: band 0 holds coded positions 0..15, band 1 16..31.
+  const compact::TileGeometry g{4, 8, 2, 1};
+  std::set<uint64_t> coded;
+  for (uint64_t p = 0; p < 32; ++p) {
+    EXPECT_EQ(g.flat(g.coded(p)), p);
+    coded.insert(g.coded(p));
+  }
+  EXPECT_EQ(coded.size(), 32u);
+  EXPECT_EQ(g.coded(5), 17u);   // row 0, column 5: band 1, its row 0, column 1
+  EXPECT_EQ(g.coded(10), 6u);   // row 1, column 2: band 0, row 1
+  using Spans = std::vector<ElementSpan>;
+  EXPECT_EQ(compact::coded_spans(g, Spans{{10, 14}}), (Spans{{6, 8}, {20, 22}}));  // row 1, columns 2..5
+  EXPECT_EQ(compact::coded_spans(g, Spans{{8, 24}}), (Spans{{4, 12}, {20, 28}}));  // rows 1 and 2
+  EXPECT_EQ(compact::coded_spans(g, Spans{{6, 27}}), (Spans{{4, 15}, {18, 28}}));  // partial, whole, partial rows
+  Spans right_half;  // what a row-parallel rank 1 of 2 holds: band 1 whole
+  for (uint64_t r = 0; r < 4; ++r) right_half.push_back({r * 8 + 4, r * 8 + 8});
+  EXPECT_EQ(compact::coded_spans(g, right_half), (Spans{{16, 32}}));
+  const compact::TileGeometry untiled{4, 8, 1, 2};  // stripes alone move nothing
+  EXPECT_EQ(compact::coded_spans(untiled, right_half), right_half);
+}
+
+TEST(Tiles, ABlockIsNeededOnlyWhereItsTileMeetsTheNeededElements) {
+  // [4, 8] in 2 bands x 2 stripes: tiles are coded [0,8) [8,16) [16,24) [24,32); a block's span
+  // ends at its tile's end, not at the next block.
+  const auto blocks = blocks_at({1, 9, 17, 26}, 4, 8, 2, 2);
+  auto pick = [&](std::vector<ElementSpan> needed) { return compact::blocks_overlapping(blocks, needed); };
+  EXPECT_EQ(pick({{8, 16}}), (std::vector<uint32_t>{0, 2}));   // row 1: stripe 0 of both bands
+  EXPECT_EQ(pick({{16, 32}}), (std::vector<uint32_t>{1, 3}));  // rows 2-3: stripe 1
+  std::vector<ElementSpan> right_half;
+  for (uint64_t r = 0; r < 4; ++r) right_half.push_back({r * 8 + 4, r * 8 + 8});
+  EXPECT_EQ(pick(right_half), (std::vector<uint32_t>{2, 3}));  // columns 4-7: band 1
+  EXPECT_EQ(pick({{0, 1}}), std::vector<uint32_t>{});            // before block 0's first change
+}
+
+TEST(Tiles, WritersCutATensorIntoTilesOfAtLeastABlockEachBandsAndStripesTogether) {
+  using Shape = std::vector<uint64_t>;
+  auto tiles = [](Shape shape, uint64_t changed, uint32_t block, uint32_t max_tiles = 8) {
+    const compact::TileGeometry g = compact::choose_tiles(shape, changed, block, max_tiles);
+    return std::to_string(g.bands) + "x" + std::to_string(g.stripes);
+  };
+  EXPECT_EQ(tiles({1024, 1024}, 10000, 2048), "2x2");       // 4 tiles of >= 2048 changes
+  EXPECT_EQ(tiles({1024, 1024}, 8191, 2048), "1x1");        // 3.99 blocks: not 4 tiles
+  EXPECT_EQ(tiles({1024, 1024}, 16384, 16384), "2x2");      // blocks above 4096: tiles of 4096 changes
+  EXPECT_EQ(tiles({151936, 1024}, 1500000, 2048), "8x8");   // at most 8 per dimension
+  EXPECT_EQ(tiles({3, 1024}, 1000000, 2048), "8x1");        // 3 rows: no stripes, bands go on alone
+  EXPECT_EQ(tiles({1 << 20}, 1000000, 2048), "1x1");        // one dimension: one tile
+  EXPECT_EQ(tiles({4, 2, 64}, 1000000, 16), "8x8");         // rows = 4 x 2
+  EXPECT_EQ(tiles({4, 2, 64}, 1000000, 16, 4), "4x4");      // at most max_tiles per dimension
+  EXPECT_EQ(tiles({1024, 1024}, 1000000, 2048, 1), "1x1");
+  EXPECT_FALSE(compact::tiles_unfit(Shape{8, 8}, 8, 8));
+  EXPECT_TRUE(compact::tiles_unfit(Shape{8, 8}, 3, 1));
+  EXPECT_TRUE(compact::tiles_unfit(Shape{6, 8}, 1, 4));
+  EXPECT_TRUE(compact::tiles_unfit(Shape{64}, 2, 1));
+}
+
 TEST(RangedPlan, RangesRoundOutToWholeChunksAndTouchingOnesMerge) {
-  EXPECT_EQ(ranged::whole_chunks({{4096 + 5, 10}, {0, 10}, {8192, 1}}, 4096, 10000), (std::vector<ByteRange>{{0, 10000}}));
-  EXPECT_EQ(ranged::whole_chunks({{0, 10}, {12288, 5}}, 4096, 20000), (std::vector<ByteRange>{{0, 4096}, {12288, 4096}}));
-  EXPECT_EQ(ranged::whole_chunks({{100, 0}}, 4096, 20000), std::vector<ByteRange>{});
-  EXPECT_EQ(ranged::whole_chunks({{19990, 10}}, 4096, 20000), (std::vector<ByteRange>{{16384, 3616}}));
-  EXPECT_NE(error_message([] { ranged::whole_chunks({{19990, 11}}, 4096, 20000); }).find("runs past"), std::string::npos);
+  EXPECT_EQ(ranged::whole_chunks({{4096 + 5, 10}, {0, 10}, {8192, 1}}, fixed_ends(4096, 10000)), (std::vector<ByteRange>{{0, 10000}}));
+  EXPECT_EQ(ranged::whole_chunks({{0, 10}, {12288, 5}}, fixed_ends(4096, 20000)), (std::vector<ByteRange>{{0, 4096}, {12288, 4096}}));
+  EXPECT_EQ(ranged::whole_chunks({{100, 0}}, fixed_ends(4096, 20000)), std::vector<ByteRange>{});
+  EXPECT_EQ(ranged::whole_chunks({{19990, 10}}, fixed_ends(4096, 20000)), (std::vector<ByteRange>{{16384, 3616}}));
+  EXPECT_NE(error_message([] { ranged::whole_chunks({{19990, 11}}, fixed_ends(4096, 20000)); }).find("runs past"), std::string::npos);
+  // Chunks of any sizes (objects sealed with range_chunk_sizes): [0,30) [30,31) [31,100) [100,400).
+  const std::vector<uint64_t> ends{30, 31, 100, 400};
+  EXPECT_EQ(ranged::whole_chunks({{30, 1}}, ends), (std::vector<ByteRange>{{30, 1}}));
+  EXPECT_EQ(ranged::whole_chunks({{29, 2}}, ends), (std::vector<ByteRange>{{0, 31}}));
+  EXPECT_EQ(ranged::whole_chunks({{31, 69}, {150, 1}}, ends), (std::vector<ByteRange>{{31, 369}}));
+  EXPECT_EQ(ranged::whole_chunks({{99, 1}}, ends), (std::vector<ByteRange>{{31, 69}}));
 }
 
 TEST(RangedPlan, SpansMergeAndPlacementsOverlapOnlyWhereTheirRunsDo) {
@@ -153,6 +234,37 @@ TEST(RangedPlan, SpansMergeAndPlacementsOverlapOnlyWhereTheirRunsDo) {
 // ---- sealed objects -------------------------------------------------------------------------
 
 namespace {
+
+// `file` (a safetensors file) with its header's metadata changed by `edit`, data unchanged.
+std::vector<uint8_t> reseal_metadata(std::span<const uint8_t> file, const std::function<void(nlohmann::ordered_json&)>& edit) {
+  const uint64_t prefix = ranged::header_prefix_bytes(file, file.size(), "f");
+  auto header = nlohmann::ordered_json::parse(file.begin() + 8, file.begin() + static_cast<std::ptrdiff_t>(prefix));
+  edit(header["__metadata__"]);
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::vector<uint8_t> out(8 + text.size());
+  for (int b = 0; b < 8; ++b) out[b] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * b));
+  std::copy(text.begin(), text.end(), out.begin() + 8);
+  out.insert(out.end(), file.begin() + static_cast<std::ptrdiff_t>(prefix), file.end());
+  return out;
+}
+
+// A sealed object as publishers wrote them before chunks followed the layout: range_chunk_bytes
+// and the hashes of fixed-size chunks.
+std::vector<uint8_t> seal_with_one_chunk_size(std::span<const uint8_t> sealed, uint64_t chunk_bytes) {
+  const uint64_t prefix = ranged::header_prefix_bytes(sealed, sealed.size(), "f");
+  const std::span<const uint8_t> data = sealed.subspan(prefix);
+  std::string hashes;
+  for (uint64_t at = 0; at < data.size(); at += chunk_bytes) {
+    const auto full = sha256(data.subspan(at, std::min<uint64_t>(chunk_bytes, data.size() - at)));
+    hashes += to_hex(std::span<const uint8_t>(full).first(ranged::kChunkHashBytes));
+  }
+  return reseal_metadata(sealed, [&](nlohmann::ordered_json& md) {
+    md.erase(ranged::kChunkSizesKey);
+    md[ranged::kChunkBytesKey] = std::to_string(chunk_bytes);
+    md[ranged::kChunkSha256Key] = hashes;
+  });
+}
 
 // A sealed compact delta of Encoded's tensor, as the publisher writes it, with its reference.
 struct Sealed {
@@ -175,9 +287,28 @@ struct Sealed {
 TEST(SealedHeader, AHeaderMustMatchTheManifestAndEveryChunkItsHash) {
   Sealed s;
   const ranged::SealedHeader h = ranged::read_sealed_header(s.prefix(), s.ref, "d");
-  EXPECT_EQ(h.chunk_bytes, 256u);
-  EXPECT_EQ(h.chunk_sha256.size(), (h.data_bytes() + 255) / 256);
+  ASSERT_FALSE(h.chunk_ends.empty());
+  EXPECT_EQ(h.chunk_ends.back(), h.data_bytes());
+  EXPECT_EQ(h.chunk_sha256.size(), h.chunk_ends.size());
   EXPECT_FALSE(h.metadata.count(ranged::kChunkSha256Key));
+  EXPECT_FALSE(h.metadata.count(ranged::kChunkSizesKey));
+  // Chunks end at every tensor entry and, inside the payload, only at block boundaries: blocks
+  // grouped up to the 256-byte target (a larger block alone).
+  const st::TensorInfo* cindex = h.find("w.cindex");
+  const st::TensorInfo* cdata = h.find("w.cdata");
+  ASSERT_TRUE(cindex && cdata);
+  const auto& ends = h.chunk_ends;
+  EXPECT_TRUE(std::binary_search(ends.begin(), ends.end(), cindex->end));
+  EXPECT_TRUE(std::binary_search(ends.begin(), ends.end(), cdata->end));
+  const compact::BlockRecords rec = s.e.records();
+  std::set<uint64_t> block_starts;
+  for (const auto& b : rec.blocks) block_starts.insert(cdata->begin + b.payload_offset);
+  for (size_t c = 0; c < ends.size(); ++c) {
+    const uint64_t begin = h.chunk_begin(c);
+    if (begin < cdata->begin || begin >= cdata->end) continue;
+    EXPECT_TRUE(block_starts.count(begin)) << "chunk " << c << " starts inside a block";
+    if (ends[c] - begin > 256) EXPECT_EQ(std::next(block_starts.find(begin)) == block_starts.end() ? cdata->end : *std::next(block_starts.find(begin)), ends[c]);
+  }
   // The sealed file is still an ordinary compact delta with the same tensors.
   const st::File file = st::File::from_bytes(s.bytes, "d");
   EXPECT_TRUE(compact::is_compact_delta(file));
@@ -188,14 +319,60 @@ TEST(SealedHeader, AHeaderMustMatchTheManifestAndEveryChunkItsHash) {
   EXPECT_EQ(error_message([&] { ranged::read_sealed_header(header, s.ref, "d"); }),
             "d: header sha256 differs from the manifest's (corrupt object)");
   std::vector<uint8_t> data(s.bytes.begin() + h.data_offset, s.bytes.end());
+  ASSERT_GT(ends.size(), 3u);
+  const auto chunk = [&](size_t c) { return std::span<const uint8_t>(data).subspan(h.chunk_begin(c), ends[c] - h.chunk_begin(c)); };
   EXPECT_NO_THROW(ranged::verify_chunks(h, 0, data, "d"));
-  EXPECT_NO_THROW(ranged::verify_chunks(h, 512, std::span<const uint8_t>(data).subspan(512, 256), "d"));
-  data[600] ^= 4;
-  EXPECT_EQ(error_message([&] { ranged::verify_chunks(h, 512, std::span<const uint8_t>(data).subspan(512, 256), "d"); }),
+  EXPECT_NO_THROW(ranged::verify_chunks(h, h.chunk_begin(2), chunk(2), "d"));
+  data[h.chunk_begin(2) + 1] ^= 4;
+  EXPECT_EQ(error_message([&] { ranged::verify_chunks(h, h.chunk_begin(2), chunk(2), "d"); }),
             "d: data chunk 2 sha256 differs from its header's (corrupt object)");
-  EXPECT_NE(error_message([&] { ranged::verify_chunks(h, 100, std::span<const uint8_t>(data).subspan(100, 256), "d"); })
+  EXPECT_NE(error_message([&] { ranged::verify_chunks(h, h.chunk_begin(2) + 1, chunk(2).subspan(1), "d"); }).find("not whole chunks"),
+            std::string::npos);
+  EXPECT_NE(error_message([&] { ranged::verify_chunks(h, h.chunk_begin(2), chunk(2).first(chunk(2).size() - 1), "d"); })
                 .find("not whole chunks"),
             std::string::npos);
+}
+
+TEST(SealedHeader, ObjectsSealedWithOneChunkSizeStayReadable) {
+  Sealed s;
+  const std::vector<uint8_t> old = seal_with_one_chunk_size(s.bytes, 256);
+  protocol::ObjectRef ref{"deltas/old.safetensors", old.size(), sha256_hex(old), ""};
+  const uint64_t prefix = ranged::header_prefix_bytes(old, old.size(), "old");
+  ref.header_sha256 = sha256_hex(std::span<const uint8_t>(old).first(prefix));
+  const ranged::SealedHeader h = ranged::read_sealed_header(std::span<const uint8_t>(old).first(prefix), ref, "old");
+  EXPECT_EQ(h.chunk_ends, fixed_ends(256, h.data_bytes()));
+  const std::span<const uint8_t> data = std::span<const uint8_t>(old).subspan(h.data_offset);
+  EXPECT_NO_THROW(ranged::verify_chunks(h, 512, data.subspan(512, 256), "old"));
+  EXPECT_NE(error_message([&] { ranged::verify_chunks(h, 100, data.subspan(100, 256), "old"); }).find("not whole chunks"), std::string::npos);
+  // And fetched by ranges like any other (two ranks below read the new form).
+  TempDir dir;
+  const std::unique_ptr<Store> store_ptr = open_store(dir.path().string());
+  Store& store = *store_ptr;
+  store.put(ref.key, old);
+  const uint64_t n = s.e.m.meta[0].numel();
+  const ranged::RangedDelta half = ranged::fetch_needed(store, ref, {{"w", {s.e.m.meta[0].shape, {{0, n / 2}}}}}, {});
+  EXPECT_LT(half.bytes_fetched, old.size());
+}
+
+TEST(SealedHeader, RefusesChunkSizesThatDoNotTileTheData) {
+  Sealed s;
+  const uint64_t prefix = ranged::header_prefix_bytes(s.bytes, s.bytes.size(), "d");
+  const uint64_t data_bytes = s.bytes.size() - prefix;
+  auto with_sizes = [&](const std::string& sizes, const std::string& old_size = "") {
+    std::vector<uint8_t> bytes = reseal_metadata(s.bytes, [&](nlohmann::ordered_json& md) {
+      md[ranged::kChunkSizesKey] = sizes;
+      if (!old_size.empty()) md[ranged::kChunkBytesKey] = old_size;
+    });
+    protocol::ObjectRef ref{"d", bytes.size(), "", ""};
+    const uint64_t p = ranged::header_prefix_bytes(bytes, bytes.size(), "d");
+    ref.header_sha256 = sha256_hex(std::span<const uint8_t>(bytes).first(p));
+    return error_message([&] { ranged::read_sealed_header(std::span<const uint8_t>(bytes).first(p), ref, "d"); });
+  };
+  EXPECT_NE(with_sizes(std::to_string(data_bytes - 1)).find("range_chunk_sizes does not tile"), std::string::npos);
+  EXPECT_NE(with_sizes("0," + std::to_string(data_bytes)).find("does not tile"), std::string::npos);
+  EXPECT_NE(with_sizes(std::to_string(data_bytes) + ",1").find("does not tile"), std::string::npos);
+  EXPECT_NE(with_sizes("x").find("range_chunk_sizes"), std::string::npos);
+  EXPECT_NE(with_sizes(std::to_string(data_bytes), "256").find("not sealed for ranged reads"), std::string::npos);
 }
 
 TEST(RangedPlan, AReceiverOfHalfATensorReadsTheIndexAndOnlyTheBlocksThatMeetItsHalf) {
@@ -204,14 +381,17 @@ TEST(RangedPlan, AReceiverOfHalfATensorReadsTheIndexAndOnlyTheBlocksThatMeetItsH
   const uint64_t n = s.e.m.meta[0].numel();
   const st::File file = st::File::from_bytes(s.bytes, "d");
   auto cindex = [&](const std::string& t) { return file.bytes(file.at(t + ".cindex")); };
-  ranged::NeededRanges first_half{{"w", {n, {{0, n / 2}}}}};
+  ranged::NeededRanges first_half{{"w", {s.e.m.meta[0].shape, {{0, n / 2}}}}};
   const ranged::ObjectReadPlan plan = ranged::plan_object_reads(h, first_half, {}, cindex, "d");
   ASSERT_EQ(plan.blocks.size(), 1u);
   const compact::BlockRecords rec = s.e.records();
   for (uint32_t b : plan.blocks[0].chosen) EXPECT_LT(rec.blocks[b].first_position, n / 2);
-  EXPECT_EQ(plan.blocks[0].chosen.size(), compact::blocks_overlapping(rec.blocks, n, first_half.at("w").spans).size());
+  EXPECT_EQ(plan.blocks[0].chosen.size(), compact::blocks_overlapping(rec, first_half.at("w").spans).size());
   EXPECT_LT(plan.bytes() - plan.header_bytes, h.data_bytes() * 7 / 10);  // a small file: the header is most of it
-  for (const auto& r : plan.block_chunks) EXPECT_EQ(r.offset % 256, 0u);
+  for (const auto& r : plan.block_chunks) {
+    EXPECT_TRUE(r.offset == 0 || std::binary_search(h.chunk_ends.begin(), h.chunk_ends.end(), r.offset));
+    EXPECT_TRUE(std::binary_search(h.chunk_ends.begin(), h.chunk_ends.end(), r.end()));
+  }
   // The same plan for a version whose delta is this object, as a benchmark would count it.
   protocol::Manifest m;
   m.version = 2;
@@ -236,28 +416,51 @@ TEST(RangedPlan, AReceiverOfHalfATensorReadsTheIndexAndOnlyTheBlocksThatMeetItsH
 
 namespace {
 
-// Two ranks on threads: each holds the rows of its half of every tensor (as tensor parallelism
-// splits a column-parallel weight), owns them for digests, and sums partials with the other.
+// Two ranks on threads: each holds its half of every [rows, cols] tensor -- its rows (as tensor
+// parallelism splits a column-parallel weight, the flat halves) or its columns (a row-parallel
+// weight: half of every row) -- owns it for digests, and sums partials with the other.
+enum class Split { Rows, Columns };
+
+// The flat runs [start, +length) of tensor `t` that rank `r` of two holds.
+std::vector<std::pair<int64_t, int64_t>> held_runs(const TensorMeta& t, int r, Split split) {
+  const auto n = static_cast<int64_t>(t.numel());
+  if (split == Split::Rows) return {{r == 0 ? 0 : n / 2, r == 0 ? n / 2 : n - n / 2}};
+  const auto cols = static_cast<int64_t>(t.shape.back()), rows = n / cols, half = cols / 2;
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t row = 0; row < rows; ++row) runs.emplace_back(row * cols + r * half, r == 0 ? half : cols - half);
+  return runs;
+}
+
 struct TwoRanks {
   std::vector<TensorMeta> hf;
+  Split split;
   std::vector<std::vector<std::vector<uint8_t>>> memory;  // [rank][tensor]
   std::barrier<> sync_point{2};
   std::array<std::vector<uint64_t>, 2> partial;
   engine::CpuSyncEngine engines[2];
   std::vector<std::unique_ptr<MappedReceiver>> receivers;
 
-  explicit TwoRanks(std::vector<TensorMeta> meta) : hf(std::move(meta)), memory(2) {
+  explicit TwoRanks(std::vector<TensorMeta> meta, Split how = Split::Rows) : hf(std::move(meta)), split(how), memory(2) {
     for (int r = 0; r < 2; ++r) {
       MappedModel mm;
       mm.hf = hf;
       for (size_t t = 0; t < hf.size(); ++t) {
-        const int64_t n = static_cast<int64_t>(hf[t].numel()), half = n / 2;
-        const int64_t begin = r == 0 ? 0 : half, len = r == 0 ? half : n - half;
+        MappedRuns runs{static_cast<uint32_t>(t), static_cast<uint32_t>(t), {}, {}, {}};
+        OwnedRanges owned{static_cast<uint32_t>(t), {}, {}};
+        int64_t len = 0;
+        for (const auto& [start, length] : held_runs(hf[t], r, split)) {
+          runs.hf_start.push_back(start);
+          runs.length.push_back(length);
+          runs.rt_start.push_back(len);
+          owned.start.push_back(start);
+          owned.length.push_back(length);
+          len += length;
+        }
         memory[r].emplace_back(static_cast<size_t>(len) * hf[t].width(), 0);
         mm.params_meta.push_back(TensorMeta{hf[t].name, hf[t].dtype, {static_cast<uint64_t>(len)}});
         mm.params.push_back(TensorRef{hf[t].name, memory[r][t].data(), static_cast<uint64_t>(len), hf[t].width()});
-        mm.runs.push_back(MappedRuns{static_cast<uint32_t>(t), static_cast<uint32_t>(t), {begin}, {len}, {0}});
-        mm.owned.push_back(OwnedRanges{static_cast<uint32_t>(t), {begin}, {len}});
+        mm.runs.push_back(std::move(runs));
+        mm.owned.push_back(std::move(owned));
       }
       receivers.push_back(std::make_unique<MappedReceiver>(std::move(mm), engines[r], [this, r](std::span<uint64_t> v) {
         partial[r].assign(v.begin(), v.end());
@@ -288,12 +491,37 @@ struct TwoRanks {
   bool holds(const std::vector<std::vector<uint8_t>>& full) const {
     for (int r = 0; r < 2; ++r)
       for (size_t t = 0; t < hf.size(); ++t) {
-        const uint64_t w = hf[t].width(), begin = r == 0 ? 0 : hf[t].numel() / 2;
-        if (std::memcmp(memory[r][t].data(), full[t].data() + begin * w, memory[r][t].size()) != 0) return false;
+        const uint64_t w = hf[t].width();
+        uint64_t at = 0;
+        for (const auto& [start, length] : held_runs(hf[t], r, split)) {
+          if (std::memcmp(memory[r][t].data() + at * w, full[t].data() + static_cast<uint64_t>(start) * w, static_cast<uint64_t>(length) * w) != 0)
+            return false;
+          at += static_cast<uint64_t>(length);
+        }
       }
     return true;
   }
+
+  // What rank r needs of every tensor (the planner's input).
+  ranged::NeededRanges needed(int r) const {
+    ranged::NeededRanges out;
+    for (const TensorMeta& t : hf) {
+      std::vector<ElementSpan> spans;
+      for (const auto& [start, length] : held_runs(t, r, split))
+        spans.push_back({static_cast<uint64_t>(start), static_cast<uint64_t>(start + length)});
+      out.emplace(t.name, ranged::NeededTensor{t.shape, ranged::merge_spans(std::move(spans))});
+    }
+    return out;
+  }
 };
+
+// What the trainers of these tests publish with: deltas only, blocks of 256 changes.
+PublisherOptions small_blocks() {
+  PublisherOptions o;
+  o.anchor_every = 0;
+  o.compact_block_elements = 256;
+  return o;
+}
 
 struct Trainer {
   std::vector<TensorMeta> meta{{"a.weight", DType::BF16, {2048, 256}}, {"b.weight", DType::BF16, {1024, 256}}};
@@ -320,9 +548,7 @@ TEST(RangedSync, TwoRanksEachReadLessThanTheDeltaAndEndBitIdentical) {
   TempDir dir;
   auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
   Trainer trainer;
-  PublisherOptions o;
-  o.anchor_every = 0;
-  o.compact_block_elements = 256;
+  PublisherOptions o = small_blocks();
   Publisher pub(store, trainer.meta, o);
   TwoRanks ranks(trainer.meta);
   for (uint64_t v = 1; v <= 3; ++v) {
@@ -368,6 +594,68 @@ TEST(RangedSync, TwoRanksEachReadLessThanTheDeltaAndEndBitIdentical) {
   EXPECT_TRUE(ranks.holds(trainer.bits));
 }
 
+// Row-parallel weights (each rank holds half of every row): without tiles every block meets
+// both ranks. With column bands (the publisher's default tiles) each rank reads only the blocks
+// of its own bands, and ends bit-identical.
+TEST(RangedSync, TwoRanksSplittingColumnsReadOnlyTheBlocksOfTheirBands) {
+  for (const uint32_t max_tiles : {1u, compact::kDefaultMaxTiles}) {
+    SCOPED_TRACE("max_tiles " + std::to_string(max_tiles));
+    TempDir dir;
+    auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
+    Trainer trainer;
+    PublisherOptions o = small_blocks();
+    o.compact_max_tiles = max_tiles;
+    Publisher pub(store, trainer.meta, o);
+    TwoRanks ranks(trainer.meta, Split::Columns);
+    pub.publish(1, trainer.refs());
+    pub.flush();
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(std::holds_alternative<SyncReport>(ranks.sync(*store)[r]));
+    trainer.step(2);
+    pub.publish(2, trainer.refs());
+    pub.flush();
+    const auto reports = ranks.sync(*store);
+    EXPECT_TRUE(ranks.holds(trainer.bits));
+
+    // The rank's plan: every block it reads lies in one of its bands.
+    protocol::Catalog catalog(*store);
+    const protocol::Manifest m = *catalog.find(2);
+    const std::vector<uint8_t> object = store->get(m.delta->key);
+    const uint64_t prefix = ranged::header_prefix_bytes(object, object.size(), "d");
+    const ranged::SealedHeader h = ranged::read_sealed_header(std::span<const uint8_t>(object).first(prefix), *m.delta, "d");
+    auto cindex = [&](const std::string& t) {
+      const st::TensorInfo* e = h.find(t + ".cindex");
+      return std::span<const uint8_t>(object).subspan(h.data_offset + e->begin, e->nbytes());
+    };
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(std::holds_alternative<SyncReport>(reports[r])) << "rank " << r << ": " << std::get<std::string>(reports[r]);
+      const SyncReport& rep = std::get<SyncReport>(reports[r]);
+      const ranged::ObjectReadPlan plan = ranged::plan_object_reads(h, ranks.needed(r), {}, cindex, "d");
+      ASSERT_EQ(plan.blocks.size(), trainer.meta.size());
+      for (const ranged::BlockReads& reads : plan.blocks) {
+        const compact::TileGeometry& g = reads.records.tiles;
+        if (max_tiles == 1) {
+          EXPECT_EQ(reads.chosen.size(), reads.records.blocks.size()) << "without tiles a row-parallel rank needs every block";
+          continue;
+        }
+        ASSERT_EQ(g.bands % 2, 0u) << reads.tensor;
+        size_t mine = 0;
+        for (const auto& b : reads.records.blocks) {
+          const uint64_t band = g.tile_of(b.first_position) / g.stripes;
+          mine += band / (g.bands / 2) == static_cast<uint64_t>(r);
+        }
+        EXPECT_EQ(reads.chosen.size(), mine) << reads.tensor;
+        for (const uint32_t b : reads.chosen)
+          EXPECT_EQ(g.tile_of(reads.records.blocks[b].first_position) / g.stripes / (g.bands / 2), static_cast<uint64_t>(r))
+              << reads.tensor << " block " << b;
+      }
+      if (max_tiles == 1)
+        EXPECT_GT(rep.bytes_fetched, rep.delta_bytes * 9 / 10) << "rank " << r;
+      else
+        EXPECT_LT(rep.bytes_fetched, rep.delta_bytes * 7 / 10) << "rank " << r;  // its bands, the header, the indexes
+    }
+  }
+}
+
 // A store written by two trainer ranks (each the flat half of every tensor, as a delta part):
 // each receiver rank reads both parts' headers (their digest partials), but the index and
 // blocks of the part that holds its half only.
@@ -375,9 +663,7 @@ TEST(RangedSync, TwoRanksFollowingAShardedPublisherReadTheirPartsBlocksOnly) {
   TempDir dir;
   auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
   Trainer trainer;
-  PublisherOptions o;
-  o.anchor_every = 0;
-  o.compact_block_elements = 256;
+  PublisherOptions o = small_blocks();
   const ClaimOutcome claim = claim_for_group(*store, o);
   std::vector<std::unique_ptr<ShardPublisher>> trainers;
   auto half = [&](size_t t, uint64_t r) {

@@ -56,7 +56,7 @@ Registration digest_update_cpu(Benchmark{"digest_update", "cpu", kModelAxes,
 
 std::vector<compact::EncodedTensorView> views_of(const std::vector<compact::EncodedTensor>& encoded) {
   std::vector<compact::EncodedTensorView> views;
-  for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload, e.version});
+  for (const auto& e : encoded) views.push_back(e.view());
   return views;
 }
 

@@ -93,7 +93,7 @@ void compact_decode(State& state) {
   const auto metas = m->host->metas(state.dtype());
   const auto encoded = compact::encode(metas, delta.view());
   std::vector<compact::EncodedTensorView> views;
-  for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload, e.version});
+  for (const auto& e : encoded) views.push_back(e.view());
   const auto base = m->host->model.const_refs(m->base->data());
   const double k = static_cast<double>(delta.indices.size()), w = m->host->model.width();
   state.declare(k, encoded_bytes(encoded) + k * (8 + 3 * w));  // as the CPU row

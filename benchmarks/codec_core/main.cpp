@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     serial.version = profile;
     const auto encoded = compact::encode(meta, delta.view(), serial);
     std::vector<compact::EncodedTensorView> views;
-    for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload, e.version});
+    for (const auto& e : encoded) views.push_back(e.view());
     compact::DecodedDelta decoded;
     const Times dec = best_of(repeats, [&] { compact::decode(views, meta, refs, "bench", decoded, serial); });
     std::printf("version %u decode 1t %.1f M/s\n", profile, changed / dec.thread_cpu / 1e6);
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     double bytes = 0;
     for (const auto& e : encoded) bytes += static_cast<double>(e.block_index.size() + e.payload.size());
     std::vector<compact::EncodedTensorView> views;
-    for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload, e.version});
+    for (const auto& e : encoded) views.push_back(e.view());
     compact::DecodedDelta decoded;
     const Times dec = best_of(repeats, [&] { compact::decode(views, meta, refs, "bench", decoded, serial); });
     if (decoded.storage.indices != delta.indices || decoded.storage.values != delta.values) {

@@ -40,6 +40,7 @@ struct Config {
   int measured_steps = 8;  // per density
   uint32_t block_elements = deltasync::compact::kDefaultBlockElements;
   uint32_t compact_version = deltasync::compact::kDefaultFormatVersion;
+  uint32_t max_tiles = deltasync::compact::kDefaultMaxTiles;  // 1: the layout without tiles
   int zstd_level = 3;
 };
 
@@ -49,7 +50,7 @@ struct Config {
                "usage: deltasync-realistic [--steps N] [--lr X] [--noise X] [--weight-decay X] [--seed N]\n"
                "         [--vocab N] [--hidden N] [--intermediate N] [--layers N] [--kv-dim N]\n"
                "         [--densities D1,D2,..] [--calibration-steps N] [--measured-steps N]\n"
-               "         [--block-elements N] [--compact-version 1|2] [--zstd-level N]\n",
+               "         [--block-elements N] [--compact-version 1|2] [--max-tiles 1|2|4|8] [--zstd-level N]\n",
                why);
   std::exit(2);
 }
@@ -79,6 +80,7 @@ Config parse(int argc, char** argv) {
       else if (flag == "--measured-steps") integer(c.measured_steps);
       else if (flag == "--block-elements") integer(c.block_elements);
       else if (flag == "--compact-version") integer(c.compact_version);
+      else if (flag == "--max-tiles") integer(c.max_tiles);
       else if (flag == "--zstd-level") integer(c.zstd_level);
       else if (flag == "--densities") {
         std::stringstream ss(value);
@@ -189,6 +191,7 @@ class Pipeline {
     ds::compact::Options options;
     options.block_elements = config_.block_elements;
     options.version = config_.compact_version;
+    options.max_tiles = config_.max_tiles;
     options.parallel = false;
     double t0 = thread_seconds();
     const auto encoded = ds::compact::encode(meta, view, options);
@@ -196,7 +199,7 @@ class Pipeline {
     for (const auto& e : encoded) m.ours += e.block_index.size() + e.payload.size();
 
     std::vector<ds::compact::EncodedTensorView> views;
-    for (const auto& e : encoded) views.push_back({e.name, e.block_index, e.payload, e.version});
+    for (const auto& e : encoded) views.push_back(e.view());
     std::vector<ds::ConstTensorRef> base;
     std::vector<ds::TensorRef> targets;
     for (size_t t = 0; t < meta.size(); ++t) {
@@ -255,11 +258,11 @@ int main(int argc, char** argv) try {
   std::printf("## deltasync-realistic\n\n");
   std::printf("model: %zu bf16 tensors, %.1f M elements (vocab %llu, hidden %llu, intermediate %llu, layers %llu); "
               "AdamW beta1 %.3g beta2 %.4g eps %.0e weight decay %.3g, gradient noise %.1fx signal; "
-              "compact blocks of %u changes (compact_version %u); interop+zstd at level %d; %u worker threads; single-thread memcpy %.2f GB/s\n\n",
+              "compact blocks of %u changes (compact_version %u, max_tiles %u); interop+zstd at level %d; %u worker threads; single-thread memcpy %.2f GB/s\n\n",
               sim.tensors().size(), sim.total_elements() / 1e6, (unsigned long long)config.shape.vocab,
               (unsigned long long)config.shape.hidden, (unsigned long long)config.shape.intermediate,
               (unsigned long long)config.shape.layers, config.opt.beta1, config.opt.beta2, config.opt.eps,
-              config.opt.weight_decay, config.opt.noise_ratio, config.block_elements, config.compact_version, config.zstd_level,
+              config.opt.weight_decay, config.opt.noise_ratio, config.block_elements, config.compact_version, config.max_tiles, config.zstd_level,
               deltasync::worker_count(), memcpy_gbps());
   std::printf("Bytes per changed element (tensor payload; the safetensors header is the same for every layout). "
               "Throughput = interoperable-layout bytes of the delta per second of the codec thread's CPU time (one core; the codec runs single-threaded here).\n\n");

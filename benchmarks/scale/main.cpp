@@ -109,8 +109,8 @@ std::vector<ShardTensor> rank_tensors(const std::vector<sm::ModelTensor>& table,
 }
 
 // The flat elements of a placement as sorted spans (what a receiver rank needs of a tensor).
-ranged::NeededTensor needed_of(const Placement& p, uint64_t numel) {
-  ranged::NeededTensor n{numel, {}};
+ranged::NeededTensor needed_of(const Placement& p, const std::vector<uint64_t>& shape) {
+  ranged::NeededTensor n{shape, {}};
   for (uint64_t r = 0; r < p.run_count; ++r) n.spans.push_back({p.first + r * p.run_stride, p.first + r * p.run_stride + p.run_length});
   n.spans = ranged::merge_spans(std::move(n.spans));
   return n;
@@ -377,7 +377,7 @@ int run(const Options& o) {
     ranged::NeededRanges needed;
     for (size_t t = 0; t < T; ++t) {
       const Placement p = sm::receiver_placement(table[t], o.shape, q, o.receiver_tp);
-      if (!p.empty()) needed.emplace(table[t].meta.name, needed_of(p, table[t].meta.numel()));
+      if (!p.empty()) needed.emplace(table[t].meta.name, needed_of(p, table[t].meta.shape));
     }
     t0 = now_s();
     for (size_t k = 0; k < m2.delta_parts.size(); ++k)

@@ -98,6 +98,7 @@ int run_demo(const Args& raw) {
   opt.lr = lr;
   engine::EncodeRequest request;
   request.want_coded = format == DeltaFormat::Compact;
+  request.tensors = meta;  // their shapes decide the compact layout's tiles
   engine::StagedDelta staged;  // reused across steps
   uint64_t sum_delta_bytes = 0;
   for (uint64_t version = 1; version <= steps; ++version) {

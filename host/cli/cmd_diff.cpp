@@ -96,6 +96,7 @@ int run_diff(const Args& raw) {
       engine->reset_shadow(placed_base.views());
     }
     const PlacedTensors placed_next(*engine, next_views);
+    request.tensors = shard_meta;  // their shapes decide the compact layout's tiles
     engine->encode(placed_next.views(), request, part);
     append_staged(staged, part, shard_meta);
     first += shard_meta.size();

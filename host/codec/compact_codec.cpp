@@ -6,6 +6,7 @@
 
 #include "codec/compact_codec_block.hpp"
 #include "codec/compact_codec.hpp"
+#include "codec/compact_tile_order.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 
@@ -22,18 +23,20 @@ void run_tasks(size_t n, const Options& options, const std::function<void(size_t
   }
 }
 
-void check_block_elements(const Options& options) {
+void check_options(const Options& options) {
   if (options.block_elements == 0 || options.block_elements > (1u << 24))
     throw BadInputError("compact: block_elements must be in 1..16777216, got " + std::to_string(options.block_elements));
   if (!is_known_version(options.version))
     throw BadInputError("compact: unknown compact_version " + std::to_string(options.version) + " (1 or 2)");
+  if (!is_tile_count(options.max_tiles))
+    throw BadInputError("compact: max_tiles must be 1, 2, 4 or 8, got " + std::to_string(options.max_tiles));
 }
 
 }  // namespace
 
 std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const DeltaView& delta,
                                   const Options& options) {
-  check_block_elements(options);
+  check_options(options);
   if (delta.num_tensors() != tensors.size())
     throw BadInputError("compact: delta has " + std::to_string(delta.num_tensors()) + " tensors, model has " +
                 std::to_string(tensors.size()));
@@ -44,15 +47,11 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
   if (delta.total_changed() > 0 && delta.base_values.size() != delta.values.size())
     throw BadInputError("compact: delta lacks the base values the compact format encodes against");
 
-  struct Task {
-    size_t tensor;
-    uint64_t first;  // index of the block's first change within the tensor
-    uint32_t count;
-  };
-  std::vector<Task> tasks;
-  std::vector<size_t> first_task(tensors.size() + 1, 0);
+  // Every changed tensor's tiles and its changes in coded order (compact_tile_order.hpp).
+  std::vector<TileGeometry> tiles(tensors.size());
+  std::vector<CodedOrder> coded(tensors.size());
+  std::vector<size_t> tiled;
   for (size_t t = 0; t < tensors.size(); ++t) {
-    first_task[t] = tasks.size();
     const uint64_t n = delta.count(t);
     const uint32_t width = tensors[t].width();
     if (n == 0) continue;
@@ -61,8 +60,35 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
     if (delta.value_offsets[t + 1] - delta.value_offsets[t] != n * width)
       throw BadInputError("compact: tensor " + tensors[t].name + ": value bytes do not match " + std::to_string(n) +
                   " changes of width " + std::to_string(width));
-    for (uint64_t first = 0; first < n; first += options.block_elements)
-      tasks.push_back({t, first, static_cast<uint32_t>(std::min<uint64_t>(options.block_elements, n - first))});
+    tiles[t] = choose_tiles(tensors[t].shape, n, options.block_elements, options.max_tiles);
+    if (tiles[t].tiles() > 1) tiled.push_back(t);
+  }
+  run_tasks(tiled.size(), options, [&](size_t i) {
+    const size_t t = tiled[i];
+    const uint32_t width = tensors[t].width();
+    const DeltaView& d = delta;
+    coded[t] = to_coded_order(tiles[t], d.indices.subspan(d.offsets[t], d.count(t)),
+                              d.values.subspan(d.value_offsets[t], d.count(t) * width),
+                              d.base_values.subspan(d.value_offsets[t], d.count(t) * width), width);
+  });
+
+  struct Task {
+    size_t tensor;
+    uint64_t first;  // index of the block's first change within the tensor (coded order)
+    uint32_t count;
+  };
+  std::vector<Task> tasks;
+  std::vector<size_t> first_task(tensors.size() + 1, 0);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    first_task[t] = tasks.size();
+    const uint64_t n = delta.count(t);
+    if (n == 0) continue;
+    // Blocks of block_elements changes, none crossing a tile boundary.
+    const std::vector<uint64_t> whole{0, n};
+    const std::vector<uint64_t>& starts = tiles[t].tiles() > 1 ? coded[t].tile_starts : whole;
+    for (size_t tile = 0; tile + 1 < starts.size(); ++tile)
+      for (uint64_t first = starts[tile]; first < starts[tile + 1]; first += options.block_elements)
+        tasks.push_back({t, first, static_cast<uint32_t>(std::min<uint64_t>(options.block_elements, starts[tile + 1] - first))});
   }
   first_task[tensors.size()] = tasks.size();
 
@@ -70,12 +96,18 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
   std::vector<BlockRecord> records(tasks.size());
   run_tasks(tasks.size(), options, [&](size_t i) {
     const Task& task = tasks[i];
-    const uint32_t width = tensors[task.tensor].width();
-    const uint64_t at = delta.offsets[task.tensor] + task.first;
-    const uint64_t byte_at = delta.value_offsets[task.tensor] + task.first * width;
-    records[i] = detail::encode_block(delta.indices.data() + at, delta.values.data() + byte_at,
-                                      delta.base_values.data() + byte_at, task.count, width, options.version,
-                                      payloads[i]);
+    const size_t t = task.tensor;
+    const uint32_t width = tensors[t].width();
+    const int64_t* positions = delta.indices.data() + delta.offsets[t];
+    const uint8_t* new_bits = delta.values.data() + delta.value_offsets[t];
+    const uint8_t* base_bits = delta.base_values.data() + delta.value_offsets[t];
+    if (!coded[t].positions.empty()) {
+      positions = coded[t].positions.data();
+      new_bits = coded[t].new_bits.data();
+      base_bits = coded[t].base_bits.data();
+    }
+    records[i] = detail::encode_block(positions + task.first, new_bits + task.first * width, base_bits + task.first * width,
+                                      task.count, width, options.version, payloads[i]);
   });
 
   std::vector<EncodedTensor> out;
@@ -85,22 +117,24 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
     e.name = tensors[t].name;
     e.changed = delta.count(t);
     e.version = options.version;
-    const size_t num_blocks = first_task[t + 1] - first_task[t];
-    e.block_index.resize(kIndexHeaderBytes + num_blocks * kRecordBytes);
+    e.index_version = options.index_version();
+    BlockRecords index;
+    index.index_version = e.index_version;
+    index.block_elements = options.block_elements;
+    index.tiles = tiles[t];
     uint64_t offset = 0;
     for (size_t i = first_task[t]; i < first_task[t + 1]; ++i) {
       BlockRecord r = records[i];
       r.payload_offset = offset;
       offset += r.payload_bytes();
-      write_record(r, e.block_index.data() + kIndexHeaderBytes + (i - first_task[t]) * kRecordBytes);
+      index.blocks.push_back(r);
     }
+    e.block_index = write_block_index(index);
     e.payload.reserve(offset);
     for (size_t i = first_task[t]; i < first_task[t + 1]; ++i) {
       e.payload.insert(e.payload.end(), payloads[i].begin(), payloads[i].end());
       std::vector<uint8_t>().swap(payloads[i]);
     }
-    write_header(IndexHeader{e.changed, offset, options.block_elements, static_cast<uint32_t>(num_blocks)},
-                         e.block_index.data());
   }
   return out;
 }
@@ -132,7 +166,7 @@ std::vector<ParsedBlockIndex> parse_encoded_tensors(std::span<const EncodedTenso
     if (width != 1 && width != 2 && width != 4)
       throw BadInputError(where + ": unsupported element width " + std::to_string(width));
     if (!is_known_version(e.version)) throw BadInputError(where + ": unknown compact_version " + std::to_string(e.version));
-    parsed.push_back(parse_block_index(e.block_index, e.payload, t, base_meta[t].numel(), where));
+    parsed.push_back(parse_block_index(e.block_index, e.payload, t, base_meta[t].shape, e.index_version, where));
     parsed.back().version = e.version;
   }
 
@@ -178,33 +212,81 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
       first += parsed[i].blocks[b].count;
     }
   }
+  // Where each tensor's blocks decode to: the layout, or for a banded tensor (coded positions)
+  // the coded-order scratch, decoded without a base, put in flat order and rebased on the base
+  // bits there afterwards (to_flat_order).
+  struct Place {
+    int64_t* indices;
+    uint8_t* values;
+    uint8_t* base_values;
+  };
+  std::vector<Place> place(parsed.size());
+  SparseDelta& coded = out.coded;
+  uint64_t coded_changes = 0, coded_bytes = 0;
+  for (const ParsedBlockIndex& p : parsed) {
+    if (p.tiles.bands == 1) continue;
+    coded_changes += p.changed;
+    coded_bytes += p.changed * base[p.base_index].width;
+  }
+  coded.indices.resize(coded_changes);
+  coded.values.resize(coded_bytes);
+  coded.base_values.resize(coded_bytes);
+  for (size_t i = 0, at = 0, byte_at = 0; i < parsed.size(); ++i) {
+    const size_t t = parsed[i].base_index;
+    if (parsed[i].tiles.bands == 1) {
+      place[i] = {s.indices.data() + s.offsets[t], s.values.data() + s.value_offsets[t], s.base_values.data() + s.value_offsets[t]};
+      continue;
+    }
+    place[i] = {coded.indices.data() + at, coded.values.data() + byte_at, coded.base_values.data() + byte_at};
+    at += parsed[i].changed;
+    byte_at += parsed[i].changed * base[t].width;
+  }
   run_tasks(tasks.size(), options, [&](size_t k) {
     const Task& task = tasks[k];
     const ParsedBlockIndex& p = parsed[task.parsed];
     const size_t t = p.base_index;
     const uint32_t width = base_meta[t].width();
     const BlockRecord& r = p.blocks[task.block];
-    const uint64_t at = s.offsets[t] + task.first;
-    const uint64_t byte_at = s.value_offsets[t] + task.first * width;
+    const Place& to = place[task.parsed];
+    const uint8_t* block_base = p.tiles.bands > 1 ? nullptr : static_cast<const uint8_t*>(base[t].data);
     try {
-      detail::decode_block(r, p.payload.subspan(r.payload_offset, r.payload_bytes()),
-                           static_cast<const uint8_t*>(base[t].data), base[t].numel, width, p.version, s.indices.data() + at,
-                           s.values.data() + byte_at, s.base_values.data() + byte_at);
+      detail::decode_block(r, p.payload.subspan(r.payload_offset, r.payload_bytes()), block_base, base[t].numel, width, p.version,
+                           to.indices + task.first, to.values + task.first * width, to.base_values + task.first * width);
     } catch (const BlockError& e) {
       throw BadInputError(label + ": tensor " + base_meta[t].name + ": block " + std::to_string(task.block) + ": " + e.what());
     }
   });
 
-  // Blocks were decoded independently: positions must also ascend across their boundaries.
+  // Blocks were decoded independently: positions must also ascend across their boundaries, and
+  // a tiled tensor's blocks stay inside the tile they start in (what ranged readers rely on).
   for (const Task& task : tasks) {
-    if (task.block == 0) continue;
-    const size_t t = parsed[task.parsed].base_index;
-    const uint64_t at = s.offsets[t] + task.first;
-    if (s.indices[at] <= s.indices[at - 1])
-      throw BadInputError(label + ": tensor " + base_meta[t].name + ": block " + std::to_string(task.block) +
-                  " starts at position " + std::to_string(s.indices[at]) + ", not after the previous block's last (" +
-                  std::to_string(s.indices[at - 1]) + ")");
+    const ParsedBlockIndex& p = parsed[task.parsed];
+    const int64_t* positions = place[task.parsed].indices + task.first;
+    const std::string block = label + ": tensor " + base_meta[p.base_index].name + ": block " + std::to_string(task.block);
+    if (task.block > 0 && positions[0] <= positions[-1])
+      throw BadInputError(block + " starts at position " + std::to_string(positions[0]) + ", not after the previous block's last (" +
+                          std::to_string(positions[-1]) + ")");
+    const auto first = static_cast<uint64_t>(positions[0]);
+    const auto last = static_cast<uint64_t>(positions[p.blocks[task.block].count - 1]);
+    if (p.tiles.tiles() > 1 && p.tiles.tile_of(first) != p.tiles.tile_of(last))
+      throw BadInputError(block + " crosses a tile boundary (positions " + std::to_string(first) + " to " + std::to_string(last) + ")");
   }
+
+  // Banded tensors in flat order, on their base bits.
+  std::vector<size_t> banded;
+  for (size_t i = 0; i < parsed.size(); ++i)
+    if (parsed[i].tiles.bands > 1) banded.push_back(i);
+  run_tasks(banded.size(), options, [&](size_t k) {
+    const ParsedBlockIndex& p = parsed[banded[k]];
+    const size_t t = p.base_index;
+    const uint32_t width = base_meta[t].width();
+    const uint64_t n = p.changed;
+    const Place& from = place[banded[k]];
+    const CodedChanges changes{{from.indices, n}, {from.values, n * width}, {from.base_values, n * width}};
+    to_flat_order(p.tiles, changes, width, std::span(s.indices).subspan(s.offsets[t], n),
+                  std::span(s.values).subspan(s.value_offsets[t], n * width), std::span(s.base_values).subspan(s.value_offsets[t], n * width),
+                  static_cast<const uint8_t*>(base[t].data));
+  });
 }
 
 std::vector<PatchRef> DecodedDelta::patches(std::span<const TensorMeta> base_meta) const {

@@ -44,6 +44,9 @@ struct DecodedDelta {
   SparseDelta storage;
   std::vector<std::string> changed_names;
   DeltaInfo info;  // filled by decode_compact_delta (model_version, base_version, other keys in extra)
+  // Scratch: tensors with column bands as their blocks decode them (coded order), before they are
+  // put in flat order into `storage`; kept so that a reused DecodedDelta reuses its memory.
+  SparseDelta coded;
 
   // patches[t] applies to base tensor t (count 0 where unchanged); valid while *this lives.
   std::vector<PatchRef> patches(std::span<const TensorMeta> base_meta) const;
@@ -60,7 +63,8 @@ std::vector<ParsedBlockIndex> parse_encoded_tensors(std::span<const EncodedTenso
 void layout_offsets(std::span<const ParsedBlockIndex> parsed, std::span<const TensorMeta> base_meta,
                     std::vector<uint64_t>& offsets, std::vector<uint64_t>& value_offsets);
 
-// Decodes encoded tensors against the base. base[t] holds base_meta[t]'s bits (host memory).
+// Decodes encoded tensors against the base. base[t] holds base_meta[t]'s bits (host memory), or
+// its data is nullptr: decoded against zeros (compact_two_phase.hpp's unbased decoding).
 // Every position is validated (inside the tensor, strictly ascending) and every stream checked
 // for truncation and trailing bytes; on any defect throws Error("LABEL: tensor NAME: reason")
 // and leaves `out` in an unspecified state (the base is never written).
@@ -71,7 +75,7 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
 // ---- safetensors container -------------------------------------------------------------------
 
 // Metadata: sparse="True", format="compact", compact_version, compact_block_elements,
-// model_version, base_version (when known), sparsity, changed_params, total_elements,
+// compact_index_version (when 2: options that tile), model_version, base_version (when known), sparsity, changed_params, total_elements,
 // total_changed_elements, tensor_shapes (same meaning as in the interoperable layout), plus
 // info.extra verbatim.
 std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors, const DeltaView& delta,
@@ -91,6 +95,11 @@ std::vector<uint8_t> serialize_compact_delta(std::span<const TensorMeta> tensors
 
 // True when the file's metadata says format="compact".
 bool is_compact_delta(const st::File& file);
+
+// The metadata's compact_index_version: 1 when absent, 1 or 2; anything else is refused
+// (BadInputError "LABEL: unsupported compact_index_version 'X' ...").
+inline constexpr std::string_view kIndexVersionKey = "compact_index_version";
+uint32_t read_index_version(const st::Metadata& metadata, const std::string& label);
 
 // A compact delta file read up to its blocks -- what every decoder (this one and its GPU twin)
 // checks before decoding: format and compact_version, the delta's metadata, NAME.cindex /

@@ -581,7 +581,8 @@ class WordLanes {
 };
 thread_local WordSlotTable WordLanes::gap_table_, WordLanes::value_table_;
 
-template <uint32_t W, class Lanes>
+// kBased false: no base (decoded against zeros; nothing is gathered or prefetched).
+template <uint32_t W, class Lanes, bool kBased>
 void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base, uint64_t numel,
                     int64_t* positions, uint8_t* new_bits, uint8_t* base_bits) {
   const uint32_t count = record.count;
@@ -608,7 +609,10 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
 
   // Change j's base bits, prefetched kGatherLag changes ago.
   const auto gather = [&](uint32_t j) __attribute__((always_inline)) {
-    store_w<W>(base_bits + size_t{j} * W, load_w<W>(base + static_cast<uint64_t>(positions[j]) * W));
+    store_w<W>(base_bits + size_t{j} * W, kBased ? load_w<W>(base + static_cast<uint64_t>(positions[j]) * W) : 0u);
+  };
+  const auto prefetch = [&](uint64_t at) __attribute__((always_inline)) {
+    if constexpr (kBased) __builtin_prefetch(base + at * W);
   };
   // New bits of the gathered changes [applied, to) from the value symbols parked in new_bits:
   // a loop of its own, because this lane-wise arithmetic vectorizes (the gather cannot).
@@ -638,7 +642,7 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
       const uint64_t symbol = kTokenJoin.base[vt] + raw_bits(bits, bit_at, value_n);
       bit_at += value_n;
       positions[0] = static_cast<int64_t>(position);
-      __builtin_prefetch(base + position * W);
+      prefetch(position);
       store_w<W>(new_bits, static_cast<uint32_t>(symbol));
       k = 1;
     }
@@ -664,7 +668,7 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
       }
       position += gap + 1;
       chunk_positions[k] = static_cast<int64_t>(position);
-      __builtin_prefetch(base + position * W);
+      prefetch(position);
       store_w<W>(chunk_symbols + size_t{k} * W, static_cast<uint32_t>(kTokenJoin.base[vt] + value_raw));
       if (begin + k >= kGatherLag) gather(begin + k - kGatherLag);
     }
@@ -680,13 +684,22 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
     throw BlockError("raw bit stream has trailing bytes");
 }
 
-template <uint32_t W>
-void decode_block_version(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base,
-                          uint64_t numel, uint32_t version, int64_t* positions, uint8_t* new_bits, uint8_t* base_bits) {
+template <uint32_t W, bool kBased>
+void decode_block_version(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base, uint64_t numel,
+                          uint32_t version, int64_t* positions, uint8_t* new_bits, uint8_t* base_bits) {
   if (version == kFormatVersion2)
-    decode_block_w<W, WordLanes>(record, payload, base, numel, positions, new_bits, base_bits);
+    decode_block_w<W, WordLanes, kBased>(record, payload, base, numel, positions, new_bits, base_bits);
   else
-    decode_block_w<W, ByteLanes>(record, payload, base, numel, positions, new_bits, base_bits);
+    decode_block_w<W, ByteLanes, kBased>(record, payload, base, numel, positions, new_bits, base_bits);
+}
+
+template <uint32_t W>
+void decode_block_width(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base, uint64_t numel,
+                        uint32_t version, int64_t* positions, uint8_t* new_bits, uint8_t* base_bits) {
+  if (base == nullptr)
+    decode_block_version<W, false>(record, payload, base, numel, version, positions, new_bits, base_bits);
+  else
+    decode_block_version<W, true>(record, payload, base, numel, version, positions, new_bits, base_bits);
 }
 
 }  // namespace
@@ -714,9 +727,9 @@ void decode_block(const BlockRecord& record, std::span<const uint8_t> payload, c
     throw BlockError("first position " + std::to_string(record.first_position) + " is outside the tensor (" +
                      std::to_string(numel) + " elements)");
   switch (width) {
-    case 1: decode_block_version<1>(record, payload, base, numel, version, positions, new_bits, base_bits); break;
-    case 2: decode_block_version<2>(record, payload, base, numel, version, positions, new_bits, base_bits); break;
-    case 4: decode_block_version<4>(record, payload, base, numel, version, positions, new_bits, base_bits); break;
+    case 1: decode_block_width<1>(record, payload, base, numel, version, positions, new_bits, base_bits); break;
+    case 2: decode_block_width<2>(record, payload, base, numel, version, positions, new_bits, base_bits); break;
+    case 4: decode_block_width<4>(record, payload, base, numel, version, positions, new_bits, base_bits); break;
     default: throw BlockError("unsupported element width " + std::to_string(width));
   }
 }

@@ -27,10 +27,11 @@ BlockRecord encode_block(const int64_t* positions, const uint8_t* new_bits, cons
                          uint32_t count, uint32_t width, uint32_t version, std::vector<uint8_t>& out);
 
 // Decodes one block of compact_version `version` whose payload is `payload` (exactly
-// record.payload_bytes() bytes). `base`
-// is the whole base tensor (numel elements of `width` bytes). Writes `record.count` positions,
-// new bits and base bits (three distinct buffers). Throws BlockError on any defect (positions
-// are checked against numel before the base is read); the outputs are then unspecified.
+// record.payload_bytes() bytes). `base` is the whole base tensor (numel elements of `width`
+// bytes), or nullptr: decoded against zeros (base bits 0; the values to be rebased later).
+// Writes `record.count` positions, new bits and base bits (three distinct buffers). Throws
+// BlockError on any defect (positions are checked against numel before the base is read); the
+// outputs are then unspecified.
 void decode_block(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base,
                   uint64_t numel, uint32_t width, uint32_t version, int64_t* positions, uint8_t* new_bits,
                   uint8_t* base_bits);

@@ -31,6 +31,12 @@ Container build(std::span<const TensorMeta> tensors, const DeltaView& delta, con
       throw BadInputError("compact delta: tensor " + e.name + " is coded in compact_version " + std::to_string(e.version) +
                           ", tensor " + c.encoded.front().name + " in " + std::to_string(version));
   if (!is_known_version(version)) throw BadInputError("compact delta: unknown compact_version " + std::to_string(version));
+  // Likewise one compact_index_version (every writer's follows its options; see Options).
+  const uint32_t index_version = c.encoded.empty() ? options.index_version() : c.encoded.front().index_version;
+  for (const EncodedTensor& e : c.encoded)
+    if (e.index_version != index_version)
+      throw BadInputError("compact delta: tensor " + e.name + " has a block index of compact_index_version " +
+                          std::to_string(e.index_version) + ", tensor " + c.encoded.front().name + " of " + std::to_string(index_version));
   for (const EncodedTensor& e : c.encoded) {
     c.tensors.push_back({e.name + std::string(kIndexSuffix), DType::U8, {e.block_index.size()}, e.block_index});
     c.tensors.push_back({e.name + std::string(kDataSuffix), DType::U8, {e.payload.size()}, e.payload});
@@ -39,6 +45,8 @@ Container build(std::span<const TensorMeta> tensors, const DeltaView& delta, con
   c.metadata = delta_metadata("compact delta", tensors, delta, info, "compact");
   c.metadata["compact_version"] = std::to_string(version);
   c.metadata["compact_block_elements"] = std::to_string(options.block_elements);
+  // Absent means 1: files without tiles stay byte for byte what they were.
+  if (index_version != kIndexVersion1) c.metadata[std::string(kIndexVersionKey)] = std::to_string(index_version);
   return c;
 }
 
@@ -103,6 +111,15 @@ bool is_compact_delta(const st::File& file) {
   return it != file.metadata().end() && it->second == "compact";
 }
 
+uint32_t read_index_version(const st::Metadata& md, const std::string& label) {
+  const auto it = md.find(std::string(kIndexVersionKey));
+  if (it == md.end()) return kIndexVersion1;
+  if (it->second == std::to_string(kIndexVersion1)) return kIndexVersion1;
+  if (it->second == std::to_string(kIndexVersion2)) return kIndexVersion2;
+  throw BadInputError(label + ": unsupported " + std::string(kIndexVersionKey) + " '" + it->second + "' (this build reads " +
+                      std::to_string(kIndexVersion1) + " and " + std::to_string(kIndexVersion2) + ")");
+}
+
 CompactFile read_compact_file(const st::File& file, std::span<const TensorMeta> base_meta) {
   CompactFile out;
   const std::string& label = file.label();
@@ -117,6 +134,7 @@ CompactFile read_compact_file(const st::File& file, std::span<const TensorMeta> 
     throw BadInputError(label + ": unsupported compact_version '" + version_text + "' (this build reads " +
                         std::to_string(kFormatVersion1) + " and " + std::to_string(kFormatVersion2) + ")");
 
+  const uint32_t index_version = read_index_version(md, label);
   out.info = delta_info(md, label);
 
   // Pair NAME.cindex with NAME.cdata, in file order of the index tensors. Names are views of
@@ -137,7 +155,7 @@ CompactFile read_compact_file(const st::File& file, std::span<const TensorMeta> 
     const std::string_view name = std::string_view(t.name).substr(0, t.name.size() - kIndexSuffix.size());
     const st::TensorInfo* data = file.find(std::string(name) + std::string(kDataSuffix));
     if (!data) throw BadInputError(label + ": tensor " + t.name + " has no " + std::string(name) + std::string(kDataSuffix));
-    views.push_back({name, file.bytes(t), file.bytes(*data), file_version});
+    views.push_back({name, file.bytes(t), file.bytes(*data), file_version, index_version});
   }
 
   // The recorded dtype and shape must be the base's: a delta for another model is refused here.

@@ -1,8 +1,4 @@
-#include <sys/mman.h>
-
-#include <algorithm>
 #include <cstring>
-#include <mutex>
 
 #include "codec/compact_two_phase.hpp"
 #include "core/error.hpp"
@@ -10,34 +6,13 @@
 namespace deltasync::compact {
 namespace {
 
-// A read-only all-zero region at least `bytes` long, shared by all callers and kept for the
-// process's life. It is an anonymous mapping that is only ever read, so every page is the
-// kernel's shared zero page: it costs address space and page-table entries, not memory, which
-// is why the existing decoder can run against "a base of zeros" of any size.
-const uint8_t* zero_region(uint64_t bytes) {
-  static std::mutex mutex;
-  static void* region = nullptr;
-  static uint64_t region_bytes = 0;
-  std::lock_guard lock(mutex);
-  if (bytes > region_bytes) {
-    // Grown regions are never unmapped: a concurrent decoder may still read the old one.
-    void* grown = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (grown == MAP_FAILED) throw BadInputError("compact: cannot reserve " + std::to_string(bytes) + " bytes of address space");
-    region = grown;
-    region_bytes = bytes;
-  }
-  return static_cast<const uint8_t*>(region);
-}
-
 template <uint32_t W>
 void rebase_w(const uint8_t* unbased, const uint8_t* base, uint8_t* out, size_t n) {
-  const uint32_t zero_ordered = to_ordered(0, W);
   for (size_t i = 0; i < n; ++i) {
     uint32_t u = 0, b = 0;
     std::memcpy(&u, unbased + i * W, W);
     std::memcpy(&b, base + i * W, W);
-    const uint32_t ordered = (to_ordered(b, W) + to_ordered(u, W) - zero_ordered) & width_mask(W);
-    const uint32_t bits = from_ordered(ordered, W);
+    const uint32_t bits = rebase_value(u, 0, b, W);
     std::memcpy(out + i * W, &bits, W);
   }
 }
@@ -46,12 +21,10 @@ void rebase_w(const uint8_t* unbased, const uint8_t* base, uint8_t* out, size_t 
 
 std::vector<PatchRef> decode_compact_delta_unbased(const st::File& file, std::span<const TensorMeta> base_meta,
                                                    DecodedDelta& out, const Options& options) {
-  uint64_t largest = 1;
-  for (const TensorMeta& m : base_meta) largest = std::max<uint64_t>(largest, m.numel() * m.width());
-  const uint8_t* zeros = zero_region(largest);
+  // No base bits: the decoder decodes against zeros and reads nothing (compact::decode).
   std::vector<ConstTensorRef> base;
   base.reserve(base_meta.size());
-  for (const TensorMeta& m : base_meta) base.push_back(ConstTensorRef{m.name, zeros, m.numel(), m.width()});
+  for (const TensorMeta& m : base_meta) base.push_back(ConstTensorRef{m.name, nullptr, m.numel(), m.width()});
   return decode_compact_delta(file, base_meta, base, out, options);
 }
 

@@ -24,6 +24,17 @@ inline bool is_known_version(uint32_t version) { return version == kFormatVersio
 // 1%-dense 1B-element model gives thousands of blocks to spread over cores (or GPU threads).
 inline constexpr uint32_t kDefaultBlockElements = 16384;
 
+// Written as metadata "compact_index_version" (absent: 1); readers accept 1 and 2. Version 2's
+// block index header has 8 more bytes, the tensor's tiles (codec/compact_tiles.hpp): its column
+// bands (positions coded band by band) and row stripes, which no block crosses.
+inline constexpr uint32_t kIndexVersion1 = 1;
+inline constexpr uint32_t kIndexVersion2 = 2;
+inline bool is_known_index_version(uint32_t version) { return version == kIndexVersion1 || version == kIndexVersion2; }
+// Tiles per dimension: at most 8 column bands and 8 row stripes, powers of two. The writers'
+// default cuts tensors into tiles (index version 2); max_tiles = 1 writes index version 1.
+inline constexpr uint32_t kMaxTilesPerDim = 8;
+inline constexpr uint32_t kDefaultMaxTiles = kMaxTilesPerDim;
+
 inline constexpr std::string_view kIndexSuffix = ".cindex";
 inline constexpr std::string_view kDataSuffix = ".cdata";
 
@@ -31,15 +42,24 @@ struct Options {
   uint32_t block_elements = kDefaultBlockElements;  // 1 .. 2^24
   bool parallel = true;  // false: run on the calling thread only (per-core measurements)
   uint32_t version = kDefaultFormatVersion;  // the format the encoder writes (decoders read both)
+  // Tiles of a tensor with two or more dimensions (compact_tiles.hpp: choose_tiles): at most this
+  // many column bands and as many row stripes, 1, 2, 4 or 8. 1: no tiles, block index version 1
+  // (the bytes writers produced before tiles existed).
+  uint32_t max_tiles = kDefaultMaxTiles;
+  uint32_t index_version() const { return max_tiles > 1 ? kIndexVersion2 : kIndexVersion1; }
 };
+
+struct EncodedTensorView;
 
 // One changed tensor, encoded.
 struct EncodedTensor {
   std::string name;                  // the model tensor's name
   uint64_t changed = 0;              // number of changed elements
   uint32_t version = kFormatVersion1;  // compact_version of the payload's blocks
+  uint32_t index_version = kIndexVersion1;  // compact_index_version of the block index
   std::vector<uint8_t> block_index;  // content of NAME.cindex
   std::vector<uint8_t> payload;      // content of NAME.cdata
+  EncodedTensorView view() const;
 };
 
 // A borrowed view of an encoded tensor (e.g. pointing into a mapped file).
@@ -48,6 +68,9 @@ struct EncodedTensorView {
   std::span<const uint8_t> block_index;
   std::span<const uint8_t> payload;
   uint32_t version = kFormatVersion1;  // the file's compact_version
+  uint32_t index_version = kIndexVersion1;  // the file's compact_index_version
 };
+
+inline EncodedTensorView EncodedTensor::view() const { return {name, block_index, payload, version, index_version}; }
 
 }  // namespace deltasync::compact

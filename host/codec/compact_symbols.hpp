@@ -44,6 +44,12 @@ DELTASYNC_HOST_DEVICE inline uint32_t apply_value_symbol(uint32_t symbol, uint32
   const uint32_t diff = ((symbol >> 1) ^ (0u - (symbol & 1u))) & mask;
   return from_ordered((to_ordered(base_bits, width) + diff) & mask, width);
 }
+// New bits decoded against `decoded_base` (e.g. zeros, or the bits at another position) moved
+// onto `base_bits`: the ordered difference they carry is kept.
+DELTASYNC_HOST_DEVICE inline uint32_t rebase_value(uint32_t new_bits, uint32_t decoded_base, uint32_t base_bits, uint32_t width) {
+  const uint32_t diff = to_ordered(new_bits, width) - to_ordered(decoded_base, width);
+  return from_ordered((to_ordered(base_bits, width) + diff) & width_mask(width), width);
+}
 
 // Encoder view of one symbol: division by the frequency replaced by a multiply with a
 // precomputed reciprocal (exact for states below 2^31, which the byte-wise renormalization

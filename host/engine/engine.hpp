@@ -72,6 +72,9 @@ struct EncodeRequest {
   // the CPU engine leaves coding to the publisher's background thread, off the caller's path).
   bool want_coded = false;
   compact::Options compact;
+  // The tensors as the delta file describes them (their shapes decide the compact layout's tiles,
+  // codec/compact_tiles.hpp); empty: one dimension of each current tensor's size.
+  std::span<const TensorMeta> tensors;
 };
 
 // One delta object to apply, as its manifest describes it.

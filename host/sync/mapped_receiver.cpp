@@ -553,7 +553,7 @@ std::optional<ranged::NeededRanges> MappedReceiver::needed_ranges() const {
     const uint64_t n = model_.hf[t].numel();
     everything = everything && served_[t] && (n == 0 || (merged.size() == 1 && merged[0] == ranged::ElementSpan{0, n}));
     if (!served_[t]) continue;  // nothing of it is written here
-    if (!merged.empty()) needed.emplace(model_.hf[t].name, ranged::NeededTensor{n, std::move(merged)});
+    if (!merged.empty()) needed.emplace(model_.hf[t].name, ranged::NeededTensor{model_.hf[t].shape, std::move(merged)});
   }
   // A rank that holds the whole model (TP=1) reads whole objects, once, SHA-256 checked.
   if (everything) return std::nullopt;

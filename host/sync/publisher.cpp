@@ -138,6 +138,15 @@ void check_options(const PublisherOptions& options) {
     throw Error("publisher: option anchor_share must be a non-negative number", ErrorKind::kInvalidArgument);
   if (options.compact_block_elements == 0 || options.compact_block_elements > (1u << 24))
     throw Error("publisher: option compact_block_elements must be 1 .. 16777216", ErrorKind::kInvalidArgument);
+  if (!compact::is_tile_count(options.compact_max_tiles))
+    throw Error("publisher: option compact_max_tiles must be 1, 2, 4 or 8", ErrorKind::kInvalidArgument);
+}
+
+compact::Options compact_options(const PublisherOptions& options) {
+  compact::Options out;
+  out.block_elements = options.compact_block_elements;
+  out.max_tiles = options.compact_max_tiles;
+  return out;
 }
 
 protocol::Fence claim_store_for(Store& store, const PublisherOptions& options) {
@@ -294,6 +303,8 @@ void Publisher::publish(uint64_t version, std::span<const ConstTensorRef> curren
     job->has_delta = true;
     engine::EncodeRequest request;
     request.want_coded = format_ == DeltaFormat::Compact && engine_->device() != engine::Device::kCpu;
+    request.compact = compact_options(options_);
+    request.tensors = tensors_;
     engine_->encode(current, request, job->staged);
     job->transfer.add(job->staged.transfer);
     if (low_byte) {
@@ -562,9 +573,9 @@ void Publisher::upload(Job& job) {
     DeltaInfo info;
     integrity::put_delta_digests(info, dd);
     if (staged.coded_on_device) {
-      delta_bytes = compact::serialize_compact_delta(tensors_, staged.changes.view(), info, staged.coded);
+      delta_bytes = compact::serialize_compact_delta(tensors_, staged.changes.view(), info, staged.coded, compact_options(options_));
     } else {
-      delta_bytes = serialize_delta(format_, tensors_, staged.changes.view(), info, {.block_elements = options_.compact_block_elements});
+      delta_bytes = serialize_delta(format_, tensors_, staged.changes.view(), info, compact_options(options_));
     }
     st.changed_elements = staged.total_changed();
   }

@@ -60,6 +60,9 @@ struct PublisherOptions {
   // Changes per compact block: smaller blocks let a tensor-parallel receiver read closer to its
   // share of a delta (it reads every block that meets its elements), at some bytes per block.
   uint32_t compact_block_elements = compact::kDefaultBlockElements;
+  // Most column bands and row stripes a compact tensor is cut into (1, 2, 4 or 8; 1: no tiles):
+  // a tensor-parallel receiver reads only the tiles its elements fall in (compact_tiles.hpp).
+  uint32_t compact_max_tiles = compact::kDefaultMaxTiles;
   // Fencing (protocol.hpp): the run this publisher belongs to. Publishers that name no run are one
   // run, "unnamed": a second one is a restart and fences the first off. A store held by another
   // run is refused unless `take_over`.
@@ -83,6 +86,8 @@ inline auto publisher_option_fields() {
       fields::member("format", &O::delta_format, "delta layout: compact, trl, trl-idx or trl-idx-raw"),
       fields::member("compact_block_elements", &O::compact_block_elements,
                      "changes per compact block (smaller: TP receivers read closer to their share)"),
+      fields::member("compact_max_tiles", &O::compact_max_tiles,
+                     "most column bands and row stripes per compact tensor, 1, 2, 4 or 8 (1: none; TP receivers read their tiles)"),
       fields::member("run_id", &O::run_id, "the run this publisher belongs to (empty: \"unnamed\"); a store held by another run is refused"),
       fields::member("take_over", &O::take_over, "take over a store held by another run (never the default)"));
 }
@@ -92,6 +97,9 @@ static_assert(fields::member_count<PublisherOptions>() == std::tuple_size_v<decl
 
 // Refuses options no publisher can work with (one line naming the option).
 void check_options(const PublisherOptions& options);
+// The compact codec's options the publisher's options name (block size, tiles): every encoder a
+// publisher runs, on the CPU or the device, gets these.
+compact::Options compact_options(const PublisherOptions& options);
 
 struct VersionStats {
   uint64_t version = 0;

@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "core/parse_number.hpp"
 #include "store/sha256.hpp"
+#include "sync/range_chunks.hpp"
 
 namespace deltasync::ranged {
 namespace {
@@ -32,6 +33,33 @@ ChunkHash hex_digest(std::string_view hex) {
     out[i] = static_cast<uint8_t>(hi * 16 + lo);
   }
   return out;
+}
+
+// range_chunk_sizes: positive decimal sizes, comma-separated, adding up to the data section.
+std::vector<uint64_t> chunk_ends_of_sizes(std::string_view text, uint64_t data_bytes, const std::string& label) {
+  const std::string what = label + ": metadata " + kChunkSizesKey;
+  std::vector<uint64_t> ends;
+  uint64_t at = 0;
+  for (size_t from = 0; from <= text.size() && data_bytes > 0;) {
+    const size_t comma = std::min(text.find(',', from), text.size());
+    const uint64_t size = parse_decimal(text.substr(from, comma - from), data_bytes, what);
+    if (size == 0 || size > data_bytes - at) throw BadInputError(what + " does not tile the " + std::to_string(data_bytes) + "-byte data section");
+    at += size;
+    ends.push_back(at);
+    from = comma + 1;
+  }
+  if (at != data_bytes || (data_bytes == 0 && !text.empty()))
+    throw BadInputError(what + " does not tile the " + std::to_string(data_bytes) + "-byte data section");
+  return ends;
+}
+
+// range_chunk_bytes (objects sealed before range_chunk_sizes): one size, the last chunk shorter.
+std::vector<uint64_t> chunk_ends_of_size(std::string_view text, uint64_t data_bytes, const std::string& label) {
+  const uint64_t size = parse_decimal(text, uint64_t{1} << 30, label + ": metadata " + kChunkBytesKey);
+  if (size == 0) throw BadInputError(label + ": metadata " + kChunkBytesKey + " is 0");
+  std::vector<uint64_t> ends;
+  for (uint64_t at = 0; at < data_bytes; at += size) ends.push_back(std::min(data_bytes, at + size));
+  return ends;
 }
 
 }  // namespace
@@ -62,13 +90,18 @@ std::vector<uint8_t> seal(std::span<const uint8_t> file, const std::string& labe
   auto header = nlohmann::ordered_json::parse(file.begin() + 8, file.begin() + static_cast<std::ptrdiff_t>(prefix), nullptr, false);
   if (!header.is_object()) throw BadInputError(label + ": safetensors header is not a JSON object");
   const std::span<const uint8_t> data = file.subspan(prefix);
-  std::string hashes;
-  hashes.reserve((data.size() / chunk_bytes + 1) * kChunkHashBytes * 2);
-  for (uint64_t at = 0; at < data.size(); at += chunk_bytes)
-    hashes += to_hex(chunk_hash(data.subspan(at, std::min<uint64_t>(chunk_bytes, data.size() - at))));
+  const std::vector<uint64_t> ends =
+      chunk_ends(st::File::from_bytes(std::vector<uint8_t>(file.begin(), file.end()), label), data.size(), chunk_bytes);
+  std::string sizes, hashes;
+  hashes.reserve(ends.size() * kChunkHashBytes * 2);
+  for (size_t c = 0; c < ends.size(); ++c) {
+    const uint64_t begin = c == 0 ? 0 : ends[c - 1];
+    sizes += (c == 0 ? "" : ",") + std::to_string(ends[c] - begin);
+    hashes += to_hex(chunk_hash(data.subspan(begin, ends[c] - begin)));
+  }
   auto& metadata = header["__metadata__"];
   if (!metadata.is_object() && !metadata.is_null()) throw BadInputError(label + ": __metadata__ is not a JSON object");
-  metadata[kChunkBytesKey] = std::to_string(chunk_bytes);
+  metadata[kChunkSizesKey] = std::move(sizes);
   metadata[kChunkSha256Key] = std::move(hashes);
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // padded as every writer here pads
@@ -126,13 +159,15 @@ SealedHeader read_sealed_header(std::span<const uint8_t> prefix, const protocol:
   h.by_name.resize(h.tensors.size());
   for (uint32_t i = 0; i < h.by_name.size(); ++i) h.by_name[i] = i;
   std::sort(h.by_name.begin(), h.by_name.end(), [&](uint32_t a, uint32_t b) { return h.tensors[a].name < h.tensors[b].name; });
+  const auto sizes_it = h.metadata.find(kChunkSizesKey);
   const auto size_it = h.metadata.find(kChunkBytesKey);
   const auto hashes_it = h.metadata.find(kChunkSha256Key);
-  if (size_it == h.metadata.end() || hashes_it == h.metadata.end())
-    throw BadInputError(label + ": header has no " + kChunkSha256Key + " (not sealed for ranged reads)");
-  h.chunk_bytes = parse_decimal(size_it->second, uint64_t{1} << 30, label + ": metadata " + kChunkBytesKey);
-  if (h.chunk_bytes == 0) throw BadInputError(label + ": metadata " + kChunkBytesKey + " is 0");
-  const uint64_t chunks = (h.data_bytes() + h.chunk_bytes - 1) / h.chunk_bytes;
+  if (hashes_it == h.metadata.end() || (sizes_it == h.metadata.end()) == (size_it == h.metadata.end()))
+    throw BadInputError(label + ": header has no " + kChunkSha256Key + " with either " + kChunkSizesKey + " or " + kChunkBytesKey +
+                        " (not sealed for ranged reads)");
+  h.chunk_ends = sizes_it != h.metadata.end() ? chunk_ends_of_sizes(sizes_it->second, h.data_bytes(), label)
+                                              : chunk_ends_of_size(size_it->second, h.data_bytes(), label);
+  const uint64_t chunks = h.chunk_ends.size();
   const std::string& hex = hashes_it->second;
   if (hex.size() != chunks * kChunkHashBytes * 2)
     throw BadInputError(label + ": " + kChunkSha256Key + " holds " + std::to_string(hex.size() / (kChunkHashBytes * 2)) + " hashes for " +
@@ -144,6 +179,7 @@ SealedHeader read_sealed_header(std::span<const uint8_t> prefix, const protocol:
   } catch (const BadInputError&) {
     throw BadInputError(label + ": " + kChunkSha256Key + " is not lowercase hex");
   }
+  h.metadata.erase(kChunkSizesKey);
   h.metadata.erase(kChunkBytesKey);
   h.metadata.erase(kChunkSha256Key);
   return h;
@@ -151,12 +187,16 @@ SealedHeader read_sealed_header(std::span<const uint8_t> prefix, const protocol:
 
 void verify_chunks(const SealedHeader& header, uint64_t data_begin, std::span<const uint8_t> bytes, const std::string& label) {
   const uint64_t end = data_begin + bytes.size();
-  if (data_begin % header.chunk_bytes != 0 || end > header.data_bytes() || (end % header.chunk_bytes != 0 && end != header.data_bytes()))
+  const auto& ends = header.chunk_ends;
+  // The chunk that starts at data_begin, and the one that ends at `end`.
+  const auto first = std::lower_bound(ends.begin(), ends.end(), data_begin + 1);
+  const bool whole = first != ends.end() && header.chunk_begin(static_cast<size_t>(first - ends.begin())) == data_begin &&
+                     std::binary_search(ends.begin(), ends.end(), end);
+  if (!whole || bytes.empty())
     throw BadInputError(label + ": data range [" + std::to_string(data_begin) + ", " + std::to_string(end) + ") is not whole chunks");
-  for (uint64_t at = data_begin; at < end; at += header.chunk_bytes) {
-    const uint64_t c = at / header.chunk_bytes;
-    const ChunkHash got = chunk_hash(bytes.subspan(at - data_begin, std::min(header.chunk_bytes, end - at)));
-    if (got != header.chunk_sha256[c])
+  for (auto c = static_cast<size_t>(first - ends.begin()); c < ends.size() && ends[c] <= end; ++c) {
+    const uint64_t at = header.chunk_begin(c);
+    if (chunk_hash(bytes.subspan(at - data_begin, ends[c] - at)) != header.chunk_sha256[c])
       throw BadInputError(label + ": data chunk " + std::to_string(c) + " sha256 differs from its header's (corrupt object)");
   }
 }

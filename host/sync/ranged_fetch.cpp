@@ -67,7 +67,7 @@ RangedDelta fetch_needed(Store& store, const protocol::ObjectRef& ref, const Nee
   };
 
   const IndexReads index = plan_index_reads(header, needed, scope, label);
-  fetch(whole_chunks(index.ranges, header.chunk_bytes, header.data_bytes()));
+  fetch(whole_chunks(index.ranges, header.chunk_ends));
   auto cindex = [&](const std::string& tensor) {
     const st::TensorInfo* t = header.find(tensor + ".cindex");
     return view({t->begin, t->nbytes()});
@@ -82,8 +82,7 @@ RangedDelta fetch_needed(Store& store, const protocol::ObjectRef& ref, const Nee
   for (const BlockReads& reads : plan.blocks) {
     std::vector<std::span<const uint8_t>> payloads;
     for (const ByteRange& r : reads.ranges) payloads.push_back(view(r));
-    subsets.push_back(compact::build_block_subset(reads.records, reads.chosen, payloads, needed.find(reads.tensor)->second.numel,
-                                                  label + ": tensor " + reads.tensor));
+    subsets.push_back(compact::build_block_subset(reads.records, reads.chosen, payloads, label + ": tensor " + reads.tensor));
     changed += subsets.back().changed;
   }
   for (size_t k = 0; k < subsets.size(); ++k) {

@@ -2,33 +2,24 @@
 
 #include <algorithm>
 
+#include "codec/compact_codec.hpp"
 #include "core/error.hpp"
 
 namespace deltasync::ranged {
 
-std::vector<ElementSpan> merge_spans(std::vector<ElementSpan> spans) {
-  std::erase_if(spans, [](const ElementSpan& s) { return s.end <= s.begin; });
-  std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
-  std::vector<ElementSpan> out;
-  for (const auto& s : spans) {
-    if (!out.empty() && s.begin <= out.back().end)
-      out.back().end = std::max(out.back().end, s.end);
-    else
-      out.push_back(s);
-  }
-  return out;
-}
-
-std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, uint64_t chunk_bytes, uint64_t data_bytes) {
-  if (chunk_bytes == 0) throw BadInputError("chunk size 0");
+std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, std::span<const uint64_t> chunk_ends) {
+  const uint64_t data_bytes = chunk_ends.empty() ? 0 : chunk_ends.back();
   std::vector<ByteRange> rounded;
   for (const auto& r : ranges) {
     if (r.length == 0) continue;
     if (r.offset > data_bytes || r.length > data_bytes - r.offset)
       throw BadInputError("byte range [" + std::to_string(r.offset) + ", +" + std::to_string(r.length) + ") runs past the " +
                           std::to_string(data_bytes) + "-byte data section");
-    const uint64_t begin = r.offset / chunk_bytes * chunk_bytes;
-    const uint64_t end = std::min(data_bytes, (r.end() + chunk_bytes - 1) / chunk_bytes * chunk_bytes);
+    // The chunk holding the first byte begins where the chunk before it ends; the one holding the
+    // last byte ends at the first end at or after the range's.
+    const auto first = std::upper_bound(chunk_ends.begin(), chunk_ends.end(), r.offset);
+    const uint64_t begin = first == chunk_ends.begin() ? 0 : *std::prev(first);
+    const uint64_t end = *std::lower_bound(first, chunk_ends.end(), r.end());
     rounded.push_back({begin, end - begin});
   }
   std::sort(rounded.begin(), rounded.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
@@ -83,8 +74,9 @@ BlockReads plan_block_reads(const SealedHeader& header, const std::string& tenso
   if (!data) throw BadInputError(label + ": tensor " + tensor + ".cdata is missing");
   BlockReads out;
   out.tensor = tensor;
-  out.records = compact::read_block_records(cindex, data->nbytes(), needed.numel, label + ": tensor " + tensor);
-  out.chosen = compact::blocks_overlapping(out.records.blocks, needed.numel, needed.spans);
+  out.records = compact::read_block_records(cindex, data->nbytes(), needed.shape, compact::read_index_version(header.metadata, label),
+                                           label + ": tensor " + tensor);
+  out.chosen = compact::blocks_overlapping(out.records, needed.spans);
   for (uint32_t b : out.chosen) {
     const auto& r = out.records.blocks[b];
     out.ranges.push_back({data->begin + r.payload_offset, r.payload_bytes()});
@@ -104,7 +96,7 @@ ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges&
   ObjectReadPlan plan;
   plan.header_bytes = header.data_offset;
   const IndexReads index = plan_index_reads(header, needed, scope, label);
-  plan.index_chunks = whole_chunks(index.ranges, header.chunk_bytes, header.data_bytes());
+  plan.index_chunks = whole_chunks(index.ranges, header.chunk_ends);
   std::vector<ByteRange> blocks;
   for (const std::string& t : index.tensors) {
     BlockReads reads = plan_block_reads(header, t, cindex(t), needed.find(t)->second, label);
@@ -113,7 +105,7 @@ ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges&
     plan.blocks.push_back(std::move(reads));
   }
   // Chunks the index reads already brought (a small tensor's index and blocks share one) are not read twice.
-  for (const ByteRange& r : whole_chunks(std::move(blocks), header.chunk_bytes, header.data_bytes())) {
+  for (const ByteRange& r : whole_chunks(std::move(blocks), header.chunk_ends)) {
     uint64_t at = r.offset;
     for (const ByteRange& have : plan.index_chunks) {
       if (have.end() <= at || have.offset >= r.end()) continue;

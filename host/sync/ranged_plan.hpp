@@ -8,7 +8,8 @@
 // of every tensor the receiver needs (and, for a delta part, the part holds), then only the blocks
 // whose position span meets the needed elements. Every range is rounded out to whole chunks of the
 // object's chunk hashes (sync/range_hashes.hpp), so each byte can be verified, and ranges that
-// touch are merged into one request.
+// touch are merged into one request. A tiled tensor (codec/compact_tiles.hpp) is planned in its
+// coded positions: a rank needs the blocks of the tiles its elements fall in.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -26,16 +27,16 @@ namespace deltasync::ranged {
 
 using compact::ElementSpan;
 
-// The flat elements of one published tensor a receiver holds: sorted, disjoint, non-empty spans.
+// The flat elements of one published tensor a receiver holds: sorted, disjoint, non-empty spans;
+// `shape` is the tensor's (a tiled tensor's block index is read against it).
 struct NeededTensor {
-  uint64_t numel = 0;
+  std::vector<uint64_t> shape;
   std::vector<ElementSpan> spans;
 };
 // Per published tensor; a tensor absent is not needed at all (a tied lm_head nobody serves).
 using NeededRanges = std::map<std::string, NeededTensor, std::less<>>;
 
-// Sorts and merges spans (overlapping or touching), dropping empty ones.
-std::vector<ElementSpan> merge_spans(std::vector<ElementSpan> spans);
+using compact::merge_spans;
 
 // Bytes [offset, offset + length) of an object's data section.
 struct ByteRange {
@@ -44,9 +45,10 @@ struct ByteRange {
   bool operator==(const ByteRange&) const = default;
 };
 
-// `ranges` rounded out to whole chunks of `chunk_bytes` (the last chunk ends at `data_bytes`),
-// sorted, and merged where they overlap or touch. Throws BadInputError for a range past the data.
-std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, uint64_t chunk_bytes, uint64_t data_bytes);
+// `ranges` rounded out to whole chunks (`chunk_ends`: SealedHeader::chunk_ends, the last one the
+// data section's end), sorted, and merged where they overlap or touch. Throws BadInputError for a
+// range past the data.
+std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, std::span<const uint64_t> chunk_ends);
 
 // True when some position of `placement` lies in one of `spans` (sorted, disjoint).
 bool placement_overlaps(const Placement& placement, std::span<const ElementSpan> spans);

@@ -232,8 +232,7 @@ PartReceipt ShardPublisher::publish_part(uint64_t version, std::span<const Const
     DeltaInfo info;
     integrity::put_delta_digests(info, dd);
     if (!held_.empty()) {  // a rank holding nothing has no part (the manifest lists the others')
-      const std::vector<uint8_t> bytes =
-          serialize_delta(format_, changed_meta, part.view(), info, {.block_elements = options_.compact_block_elements});
+      const std::vector<uint8_t> bytes = serialize_delta(format_, changed_meta, part.view(), info, compact_options(options_));
       receipt.delta = ranged::put_delta_object(*store_, protocol::delta_key(version, nonce), bytes, format_);
     }
   }

@@ -11,7 +11,9 @@
 //                          is recorded in the block's fault slot and the lowest bad block index
 //                          is kept with atomicMin; a bad block never reads the base.
 //   2. check_block_order   one thread per block: a tensor's block must start after the previous
-//                          block's last position (the blocks were decoded independently).
+//                          block's last position (the blocks were decoded independently), and
+//                          a tiled tensor's block must end in the tile it starts in.
+//   (then, for banded tensors, the reorder into flat order of compact_tile_kernels.cuh)
 // The checks and their order are those of host/src/compact_codec_block.cpp (decode_block), so
 // the host can rebuild the CPU twin's message from a fault code and two numbers.
 #pragma once
@@ -21,7 +23,9 @@
 #include <initializer_list>
 
 #include "codec/compact_format.hpp"  // compact_version
+#include "codec/compact_tiles.hpp"
 #include "compact_block_coder.cuh"
+#include "compact_decode_status.cuh"
 
 namespace deltasync::cuda::detail {
 
@@ -40,6 +44,7 @@ struct CompactDecodeTask {
   uint32_t width;
   uint32_t block_in_tensor;
   uint32_t version;  // compact_version: 1 (four lanes, byte stream) or 2 (32 lanes, word stream)
+  compact::TileGeometry tiles;  // the tensor's tiles (positions are coded positions when it has bands)
 };
 
 enum CompactFault : uint32_t {
@@ -66,11 +71,6 @@ struct CompactBlockFault {
   uint64_t b;
 };
 
-inline constexpr uint32_t kNoBadBlock = 0xFFFFFFFFu;
-struct CompactDecodeStatus {
-  uint32_t first_bad_block;        // lowest block with a fault, or kNoBadBlock
-  uint32_t first_unordered_block;  // lowest block starting at or before its predecessor's last
-};
 
 namespace compact_decode {
 
@@ -459,6 +459,9 @@ __global__ void check_block_order(const CompactDecodeTask* tasks, uint32_t num_b
   const uint64_t b = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (b >= num_blocks) return;
   const CompactDecodeTask task = tasks[b];
+  if (task.tiles.tiles() > 1 &&
+      task.tiles.tile_of(static_cast<uint64_t>(task.positions[0])) != task.tiles.tile_of(static_cast<uint64_t>(task.positions[task.count - 1])))
+    atomicMin(&status->first_crossing_block, static_cast<uint32_t>(b));
   if (task.block_in_tensor == 0) return;
   // Block b - 1 belongs to the same tensor and its outputs sit right before this block's.
   if (task.positions[0] <= task.positions[-1]) atomicMin(&status->first_unordered_block, static_cast<uint32_t>(b));

@@ -1,8 +1,12 @@
 // Host dispatch of the GPU compact decoder (kernels: compact_decode_kernels.cuh). The block
 // index is small (32 bytes per 16K changes) and decides every output size, so the caller has
 // validated it on the host with the parser the CPU codec uses (compact::parse_encoded_tensors);
-// the payloads are uploaded in one copy and the blocks decoded on the device. The caller's one
-// synchronization brings the status; finish() fetches the details of a bad block.
+// the payloads are uploaded in one copy and the blocks decoded on the device. Tensors with column
+// bands decode into scratch in coded order and are put in flat order on the base bits by
+// compact_tile_kernels.cuh. The caller's one synchronization brings the status; finish()
+// fetches the details of a bad block.
+#include <cub/device/device_scan.cuh>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -12,6 +16,7 @@
 
 #include "compact_decode_kernels.cuh"
 #include "compact_fault_text.hpp"
+#include "compact_tile_kernels.cuh"
 #include "codec/compact_block_index.hpp"
 #include "deltasync/cuda/compact.hpp"
 #include "deltasync/cuda/engine.hpp"
@@ -47,6 +52,14 @@ struct CompactDecoder::State {
   DeviceArray<int64_t> indices;
   DeviceArray<uint8_t> values;
   DeviceArray<uint8_t> base_values;
+  // Banded tensors: their blocks' output in coded order, the reorder's table and segment scan.
+  DeviceArray<int64_t> coded_indices;
+  DeviceArray<uint8_t> coded_values;
+  DeviceArray<uint8_t> coded_base_values;
+  PinnedArray<detail::TiledTensor> banded_host;
+  DeviceArray<detail::TiledTensor> banded;
+  DeviceArray<uint64_t> segments;  // counts, then (in place) their exclusive scan
+  DeviceArray<uint8_t> cub_temp;
   DeviceDecodedDelta result;
   CompactDecodeFault fault;
   TransferCounters transfer;  // the last decode
@@ -64,7 +77,8 @@ const TransferCounters& CompactDecoder::transfer() const { return state_->transf
 size_t CompactDecoder::workspace_bytes() const {
   const State& s = *state_;
   return s.payload.bytes() + s.tasks.bytes() + s.faults.bytes() + s.status.bytes() + s.indices.bytes() +
-         s.values.bytes() + s.base_values.bytes();
+         s.values.bytes() + s.base_values.bytes() + s.coded_indices.bytes() + s.coded_values.bytes() +
+         s.coded_base_values.bytes() + s.banded.bytes() + s.segments.bytes() + s.cub_temp.bytes();
 }
 
 std::vector<PatchRef> DeviceDecodedDelta::patches(std::span<const TensorMeta> base_meta) const {
@@ -111,6 +125,51 @@ cudaError_t CompactDecoder::queue(std::span<const compact::ParsedBlockIndex> par
   out.values = s.values.data();
   out.base_values = s.base_values.data();
 
+  // Banded tensors decode into the coded-order scratch first, laid out in parsed order.
+  std::vector<detail::TiledTensor> banded;
+  uint64_t banded_changes = 0, banded_bytes = 0, segments = 0;
+  std::vector<uint64_t> coded_at(parsed.size(), 0), coded_byte_at(parsed.size(), 0);
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    const compact::ParsedBlockIndex& p = parsed[i];
+    if (p.tiles.bands == 1) continue;
+    const size_t t = p.base_index;
+    coded_at[i] = banded_changes;
+    coded_byte_at[i] = banded_bytes;
+    detail::TiledTensor tt{};
+    tt.n = out.offsets[t + 1] - out.offsets[t];
+    tt.first_change = banded_changes;
+    tt.first_segment = segments;
+    tt.tiles = p.tiles;
+    tt.width = base[t].width;
+    tt.base = static_cast<const uint8_t*>(base[t].data);
+    banded.push_back(tt);
+    banded_changes += tt.n;
+    banded_bytes += tt.n * tt.width;
+    segments += p.tiles.rows * p.tiles.bands;
+  }
+  if (!banded.empty()) {
+    size_t cub_bytes = 0;
+    DELTASYNC_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, s.segments.data(), s.segments.data(),
+                                                            static_cast<int64_t>(segments) + 1, stream));
+    for (const cudaError_t err : {s.coded_indices.reserve(banded_changes), s.coded_values.reserve(banded_bytes),
+                                  s.coded_base_values.reserve(banded_bytes), s.banded_host.reserve(banded.size()),
+                                  s.banded.reserve(banded.size()), s.segments.reserve(segments + 1),
+                                  s.cub_temp.reserve(std::max<size_t>(cub_bytes, 1))})
+      DELTASYNC_RETURN_IF_ERROR(err);
+    size_t j = 0;
+    for (size_t i = 0; i < parsed.size(); ++i) {
+      if (parsed[i].tiles.bands == 1) continue;
+      const size_t t = parsed[i].base_index;
+      detail::TiledTensor& tt = banded[j++];
+      tt.positions = s.coded_indices.data() + coded_at[i];
+      tt.new_bits = s.coded_values.data() + coded_byte_at[i];
+      tt.base_bits = s.coded_base_values.data() + coded_byte_at[i];
+      tt.out_positions = s.indices.data() + out.offsets[t];
+      tt.out_new_bits = s.values.data() + out.value_offsets[t];
+      tt.out_base_bits = s.base_values.data() + out.value_offsets[t];
+    }
+  }
+
   // Payloads back to back, then the task table, in one pinned upload buffer.
   uint64_t payload_total = 0;
   size_t num_blocks = 0;
@@ -138,16 +197,21 @@ cudaError_t CompactDecoder::queue(std::span<const compact::ParsedBlockIndex> par
       if (!p.payload.empty()) std::memcpy(host + payload_at, p.payload.data(), p.payload.size());
       const size_t t = p.base_index;
       const uint32_t width = base[t].width;
+      // A banded tensor's blocks write coded positions (and bits decoded against the base at
+      // them) to the scratch, which the reorder below reads.
+      const bool coded = p.tiles.bands > 1;
+      int64_t* indices = coded ? s.coded_indices.data() + coded_at[&p - parsed.data()] : s.indices.data() + out.offsets[t];
+      uint8_t* values = coded ? s.coded_values.data() + coded_byte_at[&p - parsed.data()] : s.values.data() + out.value_offsets[t];
+      uint8_t* base_values =
+          coded ? s.coded_base_values.data() + coded_byte_at[&p - parsed.data()] : s.base_values.data() + out.value_offsets[t];
       uint64_t first = 0;
       for (size_t b = 0; b < p.blocks.size(); ++b, ++k) {
         const compact::BlockRecord& r = p.blocks[b];
-        const uint64_t at = out.offsets[t] + first;
-        const uint64_t byte_at = out.value_offsets[t] + first * width;
         tasks[k] = CompactDecodeTask{s.payload.data() + payload_at + r.payload_offset,
                                      static_cast<const uint8_t*>(base[t].data),
-                                     s.indices.data() + at,
-                                     s.values.data() + byte_at,
-                                     s.base_values.data() + byte_at,
+                                     indices + first,
+                                     values + first * width,
+                                     base_values + first * width,
                                      r.first_position,
                                      base[t].numel,
                                      r.count,
@@ -156,7 +220,8 @@ cudaError_t CompactDecoder::queue(std::span<const compact::ParsedBlockIndex> par
                                      r.bits_bytes,
                                      width,
                                      static_cast<uint32_t>(b),
-                                     p.version};
+                                     p.version,
+                                     p.tiles};
         origins.push_back({t, static_cast<uint32_t>(b)});
         first += r.count;
       }
@@ -173,6 +238,21 @@ cudaError_t CompactDecoder::queue(std::span<const compact::ParsedBlockIndex> par
   for (const compact::ParsedBlockIndex& p : parsed)
     for (const compact::BlockRecord& r : p.blocks) largest_streams = std::max<uint64_t>(largest_streams, uint64_t{r.rans_bytes} + r.bits_bytes);
   DELTASYNC_RETURN_IF_ERROR(detail::launch_compact_decode(s.tasks.data(), blocks, largest_streams, s.faults.data(), s.status.data(), stream));
+  if (!banded.empty()) {
+    // Banded tensors into flat order (every kernel does nothing if the decode found a fault).
+    std::memcpy(s.banded_host.data(), banded.data(), banded.size() * sizeof(detail::TiledTensor));
+    DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.banded.data(), s.banded_host.data(), banded.size() * sizeof(detail::TiledTensor),
+                                              cudaMemcpyHostToDevice, stream));
+    const auto num_banded = static_cast<uint32_t>(banded.size());
+    DELTASYNC_RETURN_IF_ERROR(
+        detail::launch_tile_segment_counts(false, s.banded.data(), num_banded, segments, s.segments.data(), s.status.data(), stream));
+    size_t cub_bytes = s.cub_temp.bytes();
+    DELTASYNC_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(s.cub_temp.data(), cub_bytes, s.segments.data(), s.segments.data(),
+                                                            static_cast<int64_t>(segments) + 1, stream));
+    DELTASYNC_RETURN_IF_ERROR(
+        detail::launch_tile_reorder(false, s.banded.data(), num_banded, banded_changes, s.segments.data(), s.status.data(), stream));
+    s.transfer.host_to_device_bytes += banded.size() * sizeof(detail::TiledTensor);
+  }
   DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.status_host.data(), s.status.data(), sizeof(CompactDecodeStatus), cudaMemcpyDeviceToHost,
                         stream));
   s.transfer.host_to_device_bytes += payload_total + num_blocks * sizeof(CompactDecodeTask);
@@ -197,6 +277,22 @@ cudaError_t CompactDecoder::finish(cudaStream_t stream) {
     s.transfer.host_syncs += 1;
     const BlockOrigin& o = origins[status.first_bad_block];
     s.fault = {true, o.base_index, "block " + std::to_string(o.block) + ": " + detail::describe_fault(*s.fault_host.data())};
+    return cudaSuccess;
+  }
+  // Block order, then tiles, block by block: the CPU decoder's order of checks.
+  if (status.first_crossing_block < status.first_unordered_block) {
+    const CompactDecodeTask* task = reinterpret_cast<const CompactDecodeTask*>(s.upload.data() + tasks_at) +
+                                    status.first_crossing_block;
+    int64_t* ends = s.positions_host.data();
+    DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(ends, task->positions, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    DELTASYNC_RETURN_IF_ERROR(
+        cudaMemcpyAsync(ends + 1, task->positions + task->count - 1, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    DELTASYNC_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    s.transfer.host_syncs += 1;
+    const BlockOrigin& o = origins[status.first_crossing_block];
+    s.fault = {true, o.base_index,
+               "block " + std::to_string(o.block) + " crosses a tile boundary (positions " + std::to_string(ends[0]) + " to " +
+                   std::to_string(ends[1]) + ")"};
     return cudaSuccess;
   }
   if (status.first_unordered_block != detail::kNoBadBlock) {

@@ -14,7 +14,8 @@
 //                         places the bytes where the CPU's backwards writer puts them.
 //   2. (CUB exclusive scan of the block sizes: payload offsets across all tensors)
 //   3. write_index     one thread per block: its 32-byte record; a tensor's first block also
-//                      writes the tensor's 24-byte header.
+//                      writes the tensor's header (24 bytes, 32 with tiles: index version 2).
+// (Before 1, the changes of banded tensors are put in coded order by compact_tile_kernels.cuh.)
 //   4. gather_payload  one thread block per compact block: copies tables, rANS stream and raw
 //                      bits from the scratch slot to their final place.
 #pragma once
@@ -40,6 +41,9 @@ struct CompactEncodeTask {
   uint32_t tensor_num_blocks;
   uint32_t tensor_first_block;  // global index of its tensor's block 0
   uint32_t block_elements;
+  uint32_t index_header_bytes;  // 24 (index version 1) or 32 (version 2: + bands and stripes)
+  uint32_t bands;
+  uint32_t stripes;
 };
 
 // What encode_blocks leaves per block beside the scratch bytes.
@@ -278,7 +282,7 @@ __global__ void write_index(const CompactEncodeTask* tasks, const CompactBlockSi
   const CompactEncodeTask task = tasks[b];
   const CompactBlockSizes s = sizes[b];
   const uint64_t tensor_payload_start = payload_offsets[task.tensor_first_block];
-  uint8_t* record = index + task.index_offset + kIndexHeaderBytes + uint64_t{task.block_in_tensor} * kRecordBytes;
+  uint8_t* record = index + task.index_offset + task.index_header_bytes + uint64_t{task.block_in_tensor} * kRecordBytes;
   store_u64(record, static_cast<uint64_t>(task.positions[0]));
   store_u64(record + 8, payload_offsets[b] - tensor_payload_start);
   store_u32(record + 16, task.count);
@@ -291,6 +295,10 @@ __global__ void write_index(const CompactEncodeTask* tasks, const CompactBlockSi
     store_u64(header + 8, payload_offsets[b + task.tensor_num_blocks] - tensor_payload_start);
     store_u32(header + 16, task.block_elements);
     store_u32(header + 20, task.tensor_num_blocks);
+    if (task.index_header_bytes > kIndexHeaderBytes) {
+      store_u32(header + 24, task.bands);
+      store_u32(header + 28, task.stripes);
+    }
   }
 }
 

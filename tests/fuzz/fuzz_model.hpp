@@ -90,17 +90,27 @@ inline SeedChanges seed_changes() {
   return s;
 }
 
+// The compact one without tiles (block index version 1): the layout before tiles existed, kept
+// as a seed so that old files stay covered.
 inline std::vector<uint8_t> seed_delta(DeltaFormat format) {
   const SeedChanges s = seed_changes();
-  return serialize_delta(format, s.base.tensors, s.delta.view(), s.info);
+  compact::Options untiled;
+  untiled.max_tiles = 1;
+  return serialize_delta(format, s.base.tensors, s.delta.view(), s.info, untiled);
 }
 
-// The same changes as a compact delta of compact_version `version`.
-inline std::vector<uint8_t> seed_compact_delta(uint32_t version) {
+// The same changes as a compact delta written with `options`.
+inline std::vector<uint8_t> seed_compact_delta(const compact::Options& options) {
   const SeedChanges s = seed_changes();
+  return compact::serialize_compact_delta(s.base.tensors, s.delta.view(), s.info, options);
+}
+// Options whose compact delta cuts the 2-D tensor into 2 x 2 tiles (blocks of 4 changes: its ~25
+// changes make six blocks' worth), so its positions are coded band by band.
+inline compact::Options tiled_seed_options(uint32_t version) {
   compact::Options options;
   options.version = version;
-  return compact::serialize_compact_delta(s.base.tensors, s.delta.view(), s.info, options);
+  options.block_elements = 4;
+  return options;
 }
 
 // next_model() as a one-part anchor of kNextVersion with its digests, as the publisher writes it.

@@ -42,28 +42,40 @@ void model_files() {
   put("safetensors", "anchor.safetensors", anchor);
   put("safetensors", "empty.safetensors", st::serialize({}, {}));
 
-  const auto compact_v2 = fuzz::seed_compact_delta(compact::kFormatVersion2);
+  compact::Options v2_untiled;
+  v2_untiled.version = compact::kFormatVersion2;
+  v2_untiled.max_tiles = 1;
+  const auto compact_v2 = fuzz::seed_compact_delta(v2_untiled);
   put("delta_apply", "delta-compact-v2.safetensors", compact_v2);
   put("safetensors", "delta-compact-v2.safetensors", compact_v2);
+  // Tiles (block index version 2, the 2-D tensor banded), in both stream versions.
+  const auto tiled = fuzz::seed_compact_delta(fuzz::tiled_seed_options(compact::kFormatVersion1));
+  const auto tiled_v2 = fuzz::seed_compact_delta(fuzz::tiled_seed_options(compact::kFormatVersion2));
+  put("delta_apply", "delta-compact-tiled.safetensors", tiled);
+  put("safetensors", "delta-compact-tiled.safetensors", tiled);
+  put("delta_apply", "delta-compact-v2-tiled.safetensors", tiled_v2);
 
   // The compact deltas' encoded tensors, in the block harness's framing (byte 0: the tensor,
-  // plus 0x80 for compact_version 2).
+  // plus 0x80 for compact_version 2, plus 0x40 for block index version 2).
   const auto meta = fuzz::model_meta();
-  for (const uint32_t version : {compact::kFormatVersion1, compact::kFormatVersion2}) {
-    const st::File compact = st::File::from_bytes(
-        version == compact::kFormatVersion1 ? fuzz::seed_delta(DeltaFormat::Compact) : compact_v2, "seed");
+  const std::pair<std::vector<uint8_t>, const char*> sources[] = {
+      {fuzz::seed_delta(DeltaFormat::Compact), "block-"}, {compact_v2, "block-v2-"}, {tiled, "block-tiled-"}, {tiled_v2, "block-v2-tiled-"}};
+  for (const auto& [bytes, prefix] : sources) {
+    const st::File compact = st::File::from_bytes(bytes, "seed");
+    const uint8_t flags = static_cast<uint8_t>((compact.metadata().at("compact_version") == "2" ? 0x80 : 0) |
+                                               (compact::read_index_version(compact.metadata(), "seed") == 2 ? 0x40 : 0));
     for (size_t t = 0; t < meta.size(); ++t) {
       const st::TensorInfo* index = compact.find(meta[t].name + ".cindex");
       const st::TensorInfo* payload = compact.find(meta[t].name + ".cdata");
       if (!index || !payload) continue;
-      std::vector<uint8_t> framed{static_cast<uint8_t>(t | (version == compact::kFormatVersion2 ? 0x80 : 0))};
+      std::vector<uint8_t> framed{static_cast<uint8_t>(t | flags)};
       const uint32_t n = static_cast<uint32_t>(index->nbytes());
       for (int b = 0; b < 4; ++b) framed.push_back(static_cast<uint8_t>(n >> (8 * b)));
       for (auto* part : {index, payload}) {
-        const auto bytes = compact.bytes(*part);
-        framed.insert(framed.end(), bytes.begin(), bytes.end());
+        const auto part_bytes = compact.bytes(*part);
+        framed.insert(framed.end(), part_bytes.begin(), part_bytes.end());
       }
-      put("compact_block", (version == compact::kFormatVersion1 ? "block-" : "block-v2-") + std::to_string(t), framed);
+      put("compact_block", prefix + std::to_string(t), framed);
     }
   }
   {  // every element of tensor 0 changed, version 2: full 32-change groups (the SIMD decode path)
@@ -83,6 +95,7 @@ void model_files() {
     }
     compact::Options options;
     options.version = compact::kFormatVersion2;
+    options.max_tiles = 1;
     const auto encoded = compact::encode(meta, dense.view(), options).at(0);
     std::vector<uint8_t> framed{0x80};
     const uint32_t len = static_cast<uint32_t>(encoded.block_index.size());

@@ -1,8 +1,10 @@
 """Two tensor-parallel ranks of the vLLM receiver (the stand-in, ranks on threads over real gloo
 groups) read only the byte ranges of each compact delta that meet the elements they hold: each
 rank's bytes_fetched is below the whole delta's, and every rank's runtime parameters equal a
-fresh TP=2 load at every version. A delta with one tampered block is refused on every rank, with
-every rank's parameters bit for bit what they were."""
+fresh TP=2 load at every version. Row-parallel weights (every rank holds half of every row) are
+read band by band: with the publisher's default tiles a rank reads its own column bands only.
+A delta with one tampered block is refused on every rank, with every rank's parameters bit for
+bit what they were."""
 from __future__ import annotations
 
 import json
@@ -28,10 +30,12 @@ def runtime_bits(worker) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in worker.model_runner.model.named_parameters()}
 
 
-def sparse_step(model, step: int, share: float = 0.1) -> None:
+def sparse_step(model, step: int, share: float = 0.1, which=lambda name: True) -> None:
     g = torch.Generator().manual_seed(100 + step)
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
+            if not which(name):
+                continue
             bits = p.view(-1).view(torch.int16)
             pick = (torch.rand(bits.numel(), generator=g) < share).nonzero().reshape(-1)
             bits[pick] += 1
@@ -49,7 +53,9 @@ def test_each_rank_reads_its_share_of_every_delta_and_refuses_a_tampered_block_w
     store_dir = tmp_path / "bucket"
     store = f"file://{store_dir}"
     workers = vs.make_workers(Worker, CONFIG, 2)
-    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=0, compact_block_elements=32) as pub:
+    # anchor_share=0: deltas only (three of this small model's deltas would pass the default share,
+    # and an anchor at version 3 would let the ranks recover past the tampered delta).
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=0, anchor_share=0, compact_block_elements=32) as pub:
         pub.publish(0)
         pub.flush()
         vs.on_all_ranks(workers, "deltasync_init", store)
@@ -86,3 +92,47 @@ def test_each_rank_reads_its_share_of_every_delta_and_refuses_a_tampered_block_w
             assert torch.equal(p.detach().view(torch.int16), bits[n].view(torch.int16)), f"rank {rank}: {n}"
     trainer.load_state_dict(kept)
     assert_fresh_tp2(workers, trainer, "after the refusal")
+
+
+ROW_PARALLEL = ("o_proj", "down_proj")
+
+
+def payload_and_rest(store_dir: Path, version: int) -> tuple[int, int]:
+    """A version's delta object: its blocks' bytes (every NAME.cdata), and the rest every rank
+    reads (the header and every NAME.cindex)."""
+    manifest = json.loads((store_dir / "manifests" / f"{version:020d}.json").read_text())
+    raw = (store_dir / manifest["delta"]["key"]).read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    entries = {k: v for k, v in json.loads(raw[8:8 + header_len]).items() if k != "__metadata__"}
+    size = {k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in entries.items()}
+    payload = sum(n for k, n in size.items() if k.endswith(".cdata"))
+    return payload, 8 + header_len + sum(n for k, n in size.items() if k.endswith(".cindex"))
+
+
+def test_row_parallel_weights_in_column_bands_are_read_by_each_rank_band_by_band(tmp_path):
+    """A delta of o_proj and down_proj alone (vLLM splits them on dim 1): without tiles every block
+    holds both ranks' columns and each rank reads all of it; with the default tiles (column bands)
+    each rank reads, beyond the header and block indexes, about half of the blocks' bytes, and
+    both end where a fresh TP=2 load does."""
+    for max_tiles in (1, 8):
+        trainer = vs.HFModel(CONFIG, seed=0)
+        store_dir = tmp_path / f"tiles-{max_tiles}"
+        store = f"file://{store_dir}"
+        workers = vs.make_workers(Worker, CONFIG, 2)
+        with deltasync.DeltaPublisher(trainer, store=store, anchor_every=0, compact_block_elements=32,
+                                      compact_max_tiles=max_tiles) as pub:
+            pub.publish(0)
+            pub.flush()
+            vs.on_all_ranks(workers, "deltasync_init", store)
+            sparse_step(trainer, 1, share=0.3, which=lambda name: any(k in name for k in ROW_PARALLEL))
+            pub.publish(1)
+            pub.flush()
+            reports = vs.on_all_ranks(workers, "deltasync_update")
+        assert_fresh_tp2(workers, trainer, f"max_tiles {max_tiles}")
+        payload, rest = payload_and_rest(store_dir, 1)
+        for rank, r in enumerate(reports):
+            blocks_read = r["bytes_fetched"] - rest
+            if max_tiles == 1:
+                assert blocks_read > 0.95 * payload, f"rank {rank}: {blocks_read} of {payload}"  # blocks meet both ranks
+            else:
+                assert 0.4 * payload < blocks_read < 0.6 * payload, f"rank {rank}: {blocks_read} of {payload}"

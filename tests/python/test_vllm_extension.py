@@ -62,7 +62,13 @@ def test_workers_stay_bit_identical_to_a_full_reload(tmp_path, tp_size, tied):
             pub.flush()
             for r, (w, report) in enumerate(zip(workers, vs.on_all_ranks(workers, "deltasync_update"))):
                 assert report["to_version"] == step and report["deltas"] == [step]
-                assert report["anchor"] is None and report["bytes_fetched"] == stats.delta_bytes
+                assert report["anchor"] is None
+                # TP=1 reads the delta whole; a TP rank by ranges, which now skip what it does not
+                # hold even of this small model (its chunks end at every tensor entry).
+                if tp_size == 1:
+                    assert report["bytes_fetched"] == stats.delta_bytes
+                else:
+                    assert 0 < report["bytes_fetched"] <= stats.delta_bytes
                 assert report["pause_seconds"] > 0
                 assert 0 < report["changed_elements"] == stats.changed_elements
                 assert_rank_matches(w, config, vs.TP(r, tp_size), hf_state(trainer))

@@ -335,6 +335,17 @@ void CudaSyncEngine::State::encode_full(std::span<const ConstTensorRef> current,
   std::vector<TensorMeta> metas(T);
   for (size_t t = 0; t < T; ++t)
     metas[t] = TensorMeta{std::string(current[t].name), dtype_of_width(current[t].width), {current[t].numel}};
+  if (!request.tensors.empty()) {
+    if (request.tensors.size() != T)
+      throw Error("encode: " + std::to_string(request.tensors.size()) + " tensor descriptions for " + std::to_string(T) + " tensors",
+                  ErrorKind::kInvalidArgument);
+    for (size_t t = 0; t < T; ++t) {
+      if (request.tensors[t].numel() != current[t].numel)
+        throw Error("encode: tensor " + request.tensors[t].name + " is described with " + std::to_string(request.tensors[t].numel()) +
+                    " elements, holds " + std::to_string(current[t].numel), ErrorKind::kInvalidArgument);
+      metas[t].shape = request.tensors[t].shape;
+    }
+  }
   const cuda::DeviceDeltaView view{T, enc.device_offsets(), enc.device_value_offsets(), enc.device_indices(),
                                    enc.device_values(), enc.device_base_values()};
   cuda::CompactEncoder& coder = get(compact_encoder);

@@ -47,16 +47,18 @@ class CompactEncoder {
   CompactEncoder& operator=(const CompactEncoder&) = delete;
 
   // Encodes every tensor with at least one change into `out`, in `tensors` order,
-  // byte-identical to compact::encode() on the same change set and options (options.parallel
-  // is ignored). Synchronizes `stream` three times: to read the offsets (block planning), to
-  // read the block sizes (output allocation), and after the download. Arguments compact::encode
-  // refuses are refused with its message (cudaErrorInvalidValue, take_refusal()).
+  // byte-identical to compact::encode() on the same change set, shapes and options
+  // (options.parallel is ignored; tiles follow the tensors' shapes as on the CPU). Synchronizes
+  // `stream` three times: to read the offsets (block planning), to read the block sizes (output
+  // allocation), and after the download; once more when some tensor is cut into tiles (where
+  // each tile starts plans its blocks). Arguments compact::encode refuses are refused with its
+  // message (cudaErrorInvalidValue, take_refusal()).
   cudaError_t encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta, cudaStream_t stream,
                      const compact::Options& options, std::vector<compact::EncodedTensor>& out);
 
   // Same, with the change set's offsets and value offsets already on the host (T + 1 entries
   // each, e.g. Encoder::host_offsets() after its synchronization): the first synchronization
-  // is skipped, two remain.
+  // is skipped, two (or three) remain.
   cudaError_t encode(std::span<const TensorMeta> tensors, const DeviceDeltaView& delta,
                      std::span<const uint64_t> host_offsets, std::span<const uint64_t> host_value_offsets,
                      cudaStream_t stream, const compact::Options& options, std::vector<compact::EncodedTensor>& out);
