@@ -607,9 +607,11 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
   uint64_t position = record.first_position;
   alignas(64) std::array<uint8_t, kMaxChunk> gap_tokens, value_tokens;
 
-  // Change j's base bits, prefetched kGatherLag changes ago.
+  // Change j's base bits, prefetched kGatherLag changes ago. Without a base they are zeros
+  // (written once here, when asked for at all).
+  if (!kBased && base_bits != nullptr) std::memset(base_bits, 0, size_t{count} * W);
   const auto gather = [&](uint32_t j) __attribute__((always_inline)) {
-    store_w<W>(base_bits + size_t{j} * W, kBased ? load_w<W>(base + static_cast<uint64_t>(positions[j]) * W) : 0u);
+    if constexpr (kBased) store_w<W>(base_bits + size_t{j} * W, load_w<W>(base + static_cast<uint64_t>(positions[j]) * W));
   };
   const auto prefetch = [&](uint64_t at) __attribute__((always_inline)) {
     if constexpr (kBased) __builtin_prefetch(base + at * W);
@@ -621,7 +623,7 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
     uint8_t* __restrict out = new_bits;
     const uint8_t* __restrict old = base_bits;
     for (uint32_t j = applied; j < to; ++j)
-      store_w<W>(out + size_t{j} * W, apply_value_symbol(load_w<W>(out + size_t{j} * W), load_w<W>(old + size_t{j} * W), W));
+      store_w<W>(out + size_t{j} * W, apply_value_symbol(load_w<W>(out + size_t{j} * W), kBased ? load_w<W>(old + size_t{j} * W) : 0u, W));
     applied = to;
   };
   const auto check_raw = [&] {
