@@ -540,14 +540,14 @@ thread_local SlotTable ByteLanes::gap_table_, ByteLanes::value_table_;
 
 // Token source of compact_version 2: 32 lanes sharing a stream of 16-bit words, one group of 32
 // changes per chunk (change i in lane i mod 32; change 0 has no gap token). Full groups run
-// word_group_simd where the CPU has AVX-512, else word_round -- the same arithmetic.
+// word_group_simd where the CPU has AVX2 or AVX-512, else word_round -- the same arithmetic.
 class WordLanes {
  public:
   static constexpr uint32_t kStateBytes = kWordStateBytes;
   static constexpr bool kCheckFirstChunk = true;
   static constexpr const char* kBadState = "rANS stream has an invalid initial state";
 
-  WordLanes(const Model& gap, const Model& value) : simd_(word_simd_available()) {
+  WordLanes(const Model& gap, const Model& value) : simd_(word_simd_level()) {
     build_slots(gap, gap_table_);
     build_slots(value, value_table_);
   }
@@ -560,8 +560,8 @@ class WordLanes {
   }
   uint32_t next(uint32_t begin, uint32_t count, const uint8_t*& ptr, uint8_t* gap_tokens, uint8_t* value_tokens) {
     const uint32_t n = std::min(kWordLanes, count - begin);
-    if (n == kWordLanes && begin != 0 && simd_) {
-      word_group_simd(x_, gap_table_, value_table_, ptr, gap_tokens, value_tokens);
+    if (n == kWordLanes && begin != 0 && simd_ != WordSimd::kScalar) {
+      word_group_simd(simd_, x_, gap_table_, value_table_, ptr, gap_tokens, value_tokens);
     } else {
       word_round(x_, gap_table_, ptr, gap_tokens, begin == 0 ? 1 : 0, n);
       word_round(x_, value_table_, ptr, value_tokens, 0, n);
@@ -576,7 +576,7 @@ class WordLanes {
 
  private:
   static thread_local WordSlotTable gap_table_, value_table_;
-  bool simd_;
+  WordSimd simd_;
   alignas(64) uint32_t x_[kWordLanes];
 };
 thread_local WordSlotTable WordLanes::gap_table_, WordLanes::value_table_;
