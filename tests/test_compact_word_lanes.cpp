@@ -1,10 +1,13 @@
 // The 32-lane word-wise rANS stream of compact_version 2 (codec/compact_word_lanes.hpp): the
-// encoder's stream decodes back to its tokens, and the AVX-512 group encoder and decoder agree
-// with the scalar reference byte for byte and lane for lane (both run here when the CPU has AVX-512; the scalar path
-// alone otherwise).
+// encoder's stream decodes back to its tokens, and every SIMD group encoder and decoder this CPU
+// runs (AVX2, AVX-512) agrees with the scalar reference byte for byte and lane for lane (the
+// levels the CPU lacks are skipped, and said so).
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -51,8 +54,16 @@ struct Decoded {
   bool final_states_ok = true;
 };
 
-// Decodes `count` changes group by group, with the SIMD group decoder for full groups when asked.
-Decoded decode(const std::vector<uint8_t>& stream, uint32_t count, const Table& gap, const Table& value, bool simd) {
+// The SIMD levels this CPU runs (besides the scalar reference).
+std::vector<detail::WordSimd> simd_levels() {
+  std::vector<detail::WordSimd> levels;
+  for (detail::WordSimd level : {detail::WordSimd::kAvx2, detail::WordSimd::kAvx512})
+    if (detail::word_simd_supported(level)) levels.push_back(level);
+  return levels;
+}
+
+// Decodes `count` changes group by group, with the SIMD group decoder of `simd` for full groups.
+Decoded decode(const std::vector<uint8_t>& stream, uint32_t count, const Table& gap, const Table& value, detail::WordSimd simd) {
   std::vector<uint8_t> padded(stream);
   padded.resize(stream.size() + detail::kWordStreamPad, 0);
   alignas(64) std::array<uint32_t, compact::kWordLanes> x;
@@ -63,8 +74,8 @@ Decoded decode(const std::vector<uint8_t>& stream, uint32_t count, const Table& 
   out.value.assign(count, 0);
   for (uint32_t begin = 0; begin < count; begin += compact::kWordLanes) {
     const uint32_t n = std::min(compact::kWordLanes, count - begin);
-    if (simd && n == compact::kWordLanes && begin != 0) {
-      detail::word_group_simd(x.data(), gap.slots, value.slots, ptr, out.gap.data() + begin, out.value.data() + begin);
+    if (simd != detail::WordSimd::kScalar && n == compact::kWordLanes && begin != 0) {
+      detail::word_group_simd(simd, x.data(), gap.slots, value.slots, ptr, out.gap.data() + begin, out.value.data() + begin);
     } else {
       detail::word_round(x.data(), gap.slots, ptr, out.gap.data() + begin, begin == 0 ? 1 : 0, n);
       detail::word_round(x.data(), value.slots, ptr, out.value.data() + begin, 0, n);
@@ -92,20 +103,22 @@ TEST(CompactWordLanes, StreamDecodesToItsTokensWithAndWithoutSimd) {
       std::vector<uint8_t> buffer(size_t{count} * 4 + detail::kWordStateBytes + 16);
       uint8_t* const end = buffer.data() + buffer.size();
       const uint8_t* const begin = detail::encode_word_lanes(gap_tokens.data(), value_tokens.data(), count,
-                                                              gap.enc.data(), value.enc.data(), end, false);
+                                                              gap.enc.data(), value.enc.data(), end, detail::WordSimd::kScalar);
       const std::vector<uint8_t> stream(begin, static_cast<const uint8_t*>(end));
-      if (detail::word_simd_available()) {  // the AVX-512 encoder writes the same bytes
+      for (detail::WordSimd level : simd_levels()) {  // every SIMD encoder writes the same bytes
+        SCOPED_TRACE(detail::word_simd_name(level));
         std::vector<uint8_t> simd_buffer(buffer.size());
         uint8_t* const simd_end = simd_buffer.data() + simd_buffer.size();
         const uint8_t* const simd_begin = detail::encode_word_lanes(gap_tokens.data(), value_tokens.data(), count,
-                                                                   gap.enc.data(), value.enc.data(), simd_end, true);
+                                                                   gap.enc.data(), value.enc.data(), simd_end, level);
         ASSERT_EQ(std::vector<uint8_t>(simd_begin, static_cast<const uint8_t*>(simd_end)), stream);
       }
       ASSERT_EQ((stream.size() - detail::kWordStateBytes) % 2, 0u);
-      for (bool simd : {false, true}) {
-        if (simd && !detail::word_simd_available()) continue;
-        SCOPED_TRACE(simd ? "simd" : "scalar");
-        const Decoded d = decode(stream, count, gap, value, simd);
+      std::vector<detail::WordSimd> levels = simd_levels();
+      levels.insert(levels.begin(), detail::WordSimd::kScalar);
+      for (detail::WordSimd level : levels) {
+        SCOPED_TRACE(detail::word_simd_name(level));
+        const Decoded d = decode(stream, count, gap, value, level);
         EXPECT_EQ(d.consumed, stream.size());
         EXPECT_TRUE(d.final_states_ok);
         for (uint32_t i = 1; i < count; ++i) ASSERT_EQ(d.gap[i], gap_tokens[i]) << "gap token of change " << i;
@@ -117,24 +130,43 @@ TEST(CompactWordLanes, StreamDecodesToItsTokensWithAndWithoutSimd) {
 
 TEST(CompactWordLanes, SimdAgreesWithScalarOnArbitraryStreams) {
   // Corrupt input takes the same path through both: random states and words.
-  if (!detail::word_simd_available()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const std::vector<detail::WordSimd> levels = simd_levels();
+  if (levels.empty()) GTEST_SKIP() << "neither AVX2 nor AVX-512 on this CPU";
+  if (!detail::word_simd_supported(detail::WordSimd::kAvx512)) std::printf("(no AVX-512 on this CPU: AVX2 only)\n");
   std::mt19937_64 rng(77);
   const Table gap(200, rng), value(40, rng);
-  for (int trial = 0; trial < 2000; ++trial) {
-    std::vector<uint8_t> words(detail::kWordStreamPad);
-    for (auto& b : words) b = static_cast<uint8_t>(rng());
-    alignas(64) std::array<uint32_t, compact::kWordLanes> a, b;
-    for (uint32_t l = 0; l < compact::kWordLanes; ++l)
-      a[l] = b[l] = compact::kWordRansLow + static_cast<uint32_t>(rng() % ((compact::kWordRansLow << 16) - compact::kWordRansLow));
-    std::array<uint8_t, compact::kWordLanes> ga{}, va{}, gb{}, vb{};
-    const uint8_t* pa = words.data();
-    const uint8_t* pb = words.data();
-    detail::word_round(a.data(), gap.slots, pa, ga.data(), 0, compact::kWordLanes);
-    detail::word_round(a.data(), value.slots, pa, va.data(), 0, compact::kWordLanes);
-    detail::word_group_simd(b.data(), gap.slots, value.slots, pb, gb.data(), vb.data());
-    ASSERT_EQ(a, b);
-    ASSERT_EQ(pa, pb);
-    ASSERT_EQ(ga, gb);
-    ASSERT_EQ(va, vb);
+  for (detail::WordSimd level : levels) {
+    SCOPED_TRACE(detail::word_simd_name(level));
+    for (int trial = 0; trial < 2000; ++trial) {
+      std::vector<uint8_t> words(detail::kWordStreamPad);
+      for (auto& b : words) b = static_cast<uint8_t>(rng());
+      alignas(64) std::array<uint32_t, compact::kWordLanes> a, b;
+      for (uint32_t l = 0; l < compact::kWordLanes; ++l)
+        a[l] = b[l] = compact::kWordRansLow + static_cast<uint32_t>(rng() % ((compact::kWordRansLow << 16) - compact::kWordRansLow));
+      std::array<uint8_t, compact::kWordLanes> ga{}, va{}, gb{}, vb{};
+      const uint8_t* pa = words.data();
+      const uint8_t* pb = words.data();
+      detail::word_round(a.data(), gap.slots, pa, ga.data(), 0, compact::kWordLanes);
+      detail::word_round(a.data(), value.slots, pa, va.data(), 0, compact::kWordLanes);
+      detail::word_group_simd(level, b.data(), gap.slots, value.slots, pb, gb.data(), vb.data());
+      ASSERT_EQ(a, b);
+      ASSERT_EQ(pa, pb);
+      ASSERT_EQ(ga, gb);
+      ASSERT_EQ(va, vb);
+    }
+  }
+}
+
+TEST(CompactWordLanes, TheLevelFollowsTheCpuAndTheEnvironment) {
+  // The best level the CPU runs, unless DELTASYNC_CODEC_SIMD names another it runs (ctest runs
+  // this file once more with "scalar": the codec tests then take the scalar paths).
+  const char* asked = std::getenv("DELTASYNC_CODEC_SIMD");
+  const detail::WordSimd level = detail::word_simd_level();
+  EXPECT_TRUE(detail::word_simd_supported(level));
+  if (asked != nullptr && std::string(asked) == "scalar") {
+    EXPECT_EQ(level, detail::WordSimd::kScalar);
+  } else if (asked == nullptr) {
+    const std::vector<detail::WordSimd> levels = simd_levels();
+    EXPECT_EQ(level, levels.empty() ? detail::WordSimd::kScalar : levels.back());
   }
 }

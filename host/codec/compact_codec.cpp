@@ -47,10 +47,7 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
   if (delta.total_changed() > 0 && delta.base_values.size() != delta.values.size())
     throw BadInputError("compact: delta lacks the base values the compact format encodes against");
 
-  // Every changed tensor's tiles and its changes in coded order (compact_tile_order.hpp).
   std::vector<TileGeometry> tiles(tensors.size());
-  std::vector<CodedOrder> coded(tensors.size());
-  std::vector<size_t> tiled;
   for (size_t t = 0; t < tensors.size(); ++t) {
     const uint64_t n = delta.count(t);
     const uint32_t width = tensors[t].width();
@@ -61,58 +58,67 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
       throw BadInputError("compact: tensor " + tensors[t].name + ": value bytes do not match " + std::to_string(n) +
                   " changes of width " + std::to_string(width));
     tiles[t] = choose_tiles(tensors[t].shape, n, options.block_elements, options.max_tiles);
-    if (tiles[t].tiles() > 1) tiled.push_back(t);
   }
-  run_tasks(tiled.size(), options, [&](size_t i) {
-    const size_t t = tiled[i];
-    const uint32_t width = tensors[t].width();
-    const DeltaView& d = delta;
-    coded[t] = to_coded_order(tiles[t], d.indices.subspan(d.offsets[t], d.count(t)),
-                              d.values.subspan(d.value_offsets[t], d.count(t) * width),
-                              d.base_values.subspan(d.value_offsets[t], d.count(t) * width), width);
-  });
 
+  // Tasks: a block of a tensor without bands (its changes are in coded order where they are),
+  // or a stripe of a banded tensor, whose changes split_stripe routes to its bands' blocks
+  // (compact_tile_order.hpp). Each block lands in its tile's list, in order.
+  struct Block {
+    BlockRecord record;
+    std::vector<uint8_t> payload;
+  };
   struct Task {
     size_t tensor;
-    uint64_t first;  // index of the block's first change within the tensor (coded order)
-    uint32_t count;
+    uint32_t tile;   // the block's tile; a banded stripe task: the stripe
+    uint64_t first;  // the block's first change in the tensor (coded order = flat order)
+    uint32_t count;  // 0: a banded stripe task
+    size_t block;    // the block's place in its tile
   };
+  std::vector<std::vector<std::vector<Block>>> blocks(tensors.size());  // tensor -> tile -> blocks
   std::vector<Task> tasks;
-  std::vector<size_t> first_task(tensors.size() + 1, 0);
   for (size_t t = 0; t < tensors.size(); ++t) {
-    first_task[t] = tasks.size();
     const uint64_t n = delta.count(t);
     if (n == 0) continue;
-    // Blocks of block_elements changes, none crossing a tile boundary.
-    const std::vector<uint64_t> whole{0, n};
-    const std::vector<uint64_t>& starts = tiles[t].tiles() > 1 ? coded[t].tile_starts : whole;
-    for (size_t tile = 0; tile + 1 < starts.size(); ++tile)
+    const TileGeometry& g = tiles[t];
+    blocks[t].resize(g.tiles());
+    if (g.bands > 1) {
+      for (uint32_t s = 0; s < g.stripes; ++s) tasks.push_back({t, s, 0, 0, 0});
+      continue;
+    }
+    // Blocks of block_elements changes, none crossing a tile (here: stripe) boundary.
+    const std::vector<uint64_t> starts = stripe_starts(g, delta.indices.subspan(delta.offsets[t], n));
+    for (uint32_t tile = 0; tile < g.tiles(); ++tile) {
+      size_t in_tile = 0;
       for (uint64_t first = starts[tile]; first < starts[tile + 1]; first += options.block_elements)
-        tasks.push_back({t, first, static_cast<uint32_t>(std::min<uint64_t>(options.block_elements, starts[tile + 1] - first))});
+        tasks.push_back(
+            {t, tile, first, static_cast<uint32_t>(std::min<uint64_t>(options.block_elements, starts[tile + 1] - first)), in_tile++});
+      blocks[t][tile].resize(in_tile);
+    }
   }
-  first_task[tensors.size()] = tasks.size();
-
-  std::vector<std::vector<uint8_t>> payloads(tasks.size());
-  std::vector<BlockRecord> records(tasks.size());
   run_tasks(tasks.size(), options, [&](size_t i) {
     const Task& task = tasks[i];
     const size_t t = task.tensor;
+    const TileGeometry& g = tiles[t];
     const uint32_t width = tensors[t].width();
     const int64_t* positions = delta.indices.data() + delta.offsets[t];
     const uint8_t* new_bits = delta.values.data() + delta.value_offsets[t];
     const uint8_t* base_bits = delta.base_values.data() + delta.value_offsets[t];
-    if (!coded[t].positions.empty()) {
-      positions = coded[t].positions.data();
-      new_bits = coded[t].new_bits.data();
-      base_bits = coded[t].base_bits.data();
+    if (task.count == 0) {
+      split_stripe(g, task.tile, delta.indices.subspan(delta.offsets[t], delta.count(t)), new_bits, base_bits, width,
+                   options.block_elements, [&](uint32_t k, const int64_t* q, const uint8_t* n, const uint8_t* b, uint32_t count) {
+                     Block& block = blocks[t][k * g.stripes + task.tile].emplace_back();
+                     block.record = detail::encode_block(q, n, b, count, width, options.version, block.payload);
+                   });
+      return;
     }
-    records[i] = detail::encode_block(positions + task.first, new_bits + task.first * width, base_bits + task.first * width,
-                                      task.count, width, options.version, payloads[i]);
+    Block& block = blocks[t][task.tile][task.block];
+    block.record = detail::encode_block(positions + task.first, new_bits + task.first * width, base_bits + task.first * width,
+                                        task.count, width, options.version, block.payload);
   });
 
   std::vector<EncodedTensor> out;
   for (size_t t = 0; t < tensors.size(); ++t) {
-    if (first_task[t] == first_task[t + 1]) continue;
+    if (blocks[t].empty()) continue;
     EncodedTensor& e = out.emplace_back();
     e.name = tensors[t].name;
     e.changed = delta.count(t);
@@ -123,18 +129,20 @@ std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const Del
     index.block_elements = options.block_elements;
     index.tiles = tiles[t];
     uint64_t offset = 0;
-    for (size_t i = first_task[t]; i < first_task[t + 1]; ++i) {
-      BlockRecord r = records[i];
-      r.payload_offset = offset;
-      offset += r.payload_bytes();
-      index.blocks.push_back(r);
-    }
+    for (const std::vector<Block>& tile : blocks[t])
+      for (const Block& block : tile) {
+        BlockRecord r = block.record;
+        r.payload_offset = offset;
+        offset += r.payload_bytes();
+        index.blocks.push_back(r);
+      }
     e.block_index = write_block_index(index);
     e.payload.reserve(offset);
-    for (size_t i = first_task[t]; i < first_task[t + 1]; ++i) {
-      e.payload.insert(e.payload.end(), payloads[i].begin(), payloads[i].end());
-      std::vector<uint8_t>().swap(payloads[i]);
-    }
+    for (std::vector<Block>& tile : blocks[t])
+      for (Block& block : tile) {
+        e.payload.insert(e.payload.end(), block.payload.begin(), block.payload.end());
+        std::vector<uint8_t>().swap(block.payload);
+      }
   }
   return out;
 }
@@ -213,12 +221,12 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     }
   }
   // Where each tensor's blocks decode to: the layout, or for a banded tensor (coded positions)
-  // the coded-order scratch, decoded without a base, put in flat order and rebased on the base
-  // bits there afterwards (to_flat_order).
+  // the coded-order scratch, decoded without a base (no base bits) and merged into flat order,
+  // rebased on the base bits there, afterwards (merge_stripe; the scratch has its slack).
   struct Place {
     int64_t* indices;
     uint8_t* values;
-    uint8_t* base_values;
+    uint8_t* base_values;  // nullptr: none written
   };
   std::vector<Place> place(parsed.size());
   SparseDelta& coded = out.coded;
@@ -228,16 +236,16 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     coded_changes += p.changed;
     coded_bytes += p.changed * base[p.base_index].width;
   }
-  coded.indices.resize(coded_changes);
-  coded.values.resize(coded_bytes);
-  coded.base_values.resize(coded_bytes);
+  coded.indices.resize(coded_changes + kMergeSlack);
+  coded.values.resize(coded_bytes + kMergeSlack * 4);
+  coded.base_values.clear();
   for (size_t i = 0, at = 0, byte_at = 0; i < parsed.size(); ++i) {
     const size_t t = parsed[i].base_index;
     if (parsed[i].tiles.bands == 1) {
       place[i] = {s.indices.data() + s.offsets[t], s.values.data() + s.value_offsets[t], s.base_values.data() + s.value_offsets[t]};
       continue;
     }
-    place[i] = {coded.indices.data() + at, coded.values.data() + byte_at, coded.base_values.data() + byte_at};
+    place[i] = {coded.indices.data() + at, coded.values.data() + byte_at, nullptr};
     at += parsed[i].changed;
     byte_at += parsed[i].changed * base[t].width;
   }
@@ -251,7 +259,8 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     const uint8_t* block_base = p.tiles.bands > 1 ? nullptr : static_cast<const uint8_t*>(base[t].data);
     try {
       detail::decode_block(r, p.payload.subspan(r.payload_offset, r.payload_bytes()), block_base, base[t].numel, width, p.version,
-                           to.indices + task.first, to.values + task.first * width, to.base_values + task.first * width);
+                           to.indices + task.first, to.values + task.first * width,
+                           to.base_values != nullptr ? to.base_values + task.first * width : nullptr);
     } catch (const BlockError& e) {
       throw BadInputError(label + ": tensor " + base_meta[t].name + ": block " + std::to_string(task.block) + ": " + e.what());
     }
@@ -272,20 +281,47 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
       throw BadInputError(block + " crosses a tile boundary (positions " + std::to_string(first) + " to " + std::to_string(last) + ")");
   }
 
-  // Banded tensors in flat order, on their base bits.
-  std::vector<size_t> banded;
-  for (size_t i = 0; i < parsed.size(); ++i)
-    if (parsed[i].tiles.bands > 1) banded.push_back(i);
-  run_tasks(banded.size(), options, [&](size_t k) {
-    const ParsedBlockIndex& p = parsed[banded[k]];
+  // Banded tensors in flat order, on their base bits: one merge per stripe. A tile's changes are
+  // its blocks' (each block stays in the tile of its first position, checked above).
+  struct Merge {
+    size_t parsed;
+    uint32_t stripe;
+    uint64_t first;  // the stripe's first change in flat order, within the tensor
+    uint64_t count;
+  };
+  std::vector<Merge> merges;
+  std::vector<std::vector<uint64_t>> tile_starts(parsed.size());
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    const ParsedBlockIndex& p = parsed[i];
+    if (p.tiles.bands == 1) continue;
+    std::vector<uint64_t>& starts = tile_starts[i];
+    starts.assign(p.tiles.tiles() + 1, p.changed);
+    uint64_t at = 0;  // tile starts: the changes of the blocks of every tile before
+    size_t b = 0;
+    for (uint32_t tile = 0; tile < p.tiles.tiles(); ++tile) {
+      while (b < p.blocks.size() && p.tiles.tile_of(p.blocks[b].first_position) < tile) at += p.blocks[b++].count;
+      starts[tile] = at;
+    }
+    uint64_t flat = 0;
+    for (uint32_t st = 0; st < p.tiles.stripes; ++st) {
+      uint64_t count = 0;
+      for (uint32_t k = 0; k < p.tiles.bands; ++k) count += starts[k * p.tiles.stripes + st + 1] - starts[k * p.tiles.stripes + st];
+      merges.push_back({i, st, flat, count});
+      flat += count;
+    }
+  }
+  run_tasks(merges.size(), options, [&](size_t k) {
+    const Merge& m = merges[k];
+    const ParsedBlockIndex& p = parsed[m.parsed];
     const size_t t = p.base_index;
     const uint32_t width = base_meta[t].width();
-    const uint64_t n = p.changed;
-    const Place& from = place[banded[k]];
-    const CodedChanges changes{{from.indices, n}, {from.values, n * width}, {from.base_values, n * width}};
-    to_flat_order(p.tiles, changes, width, std::span(s.indices).subspan(s.offsets[t], n),
-                  std::span(s.values).subspan(s.value_offsets[t], n * width), std::span(s.base_values).subspan(s.value_offsets[t], n * width),
-                  static_cast<const uint8_t*>(base[t].data));
+    const Place& from = place[m.parsed];
+    const CodedChanges changes{{from.indices, p.changed + kMergeSlack}, {from.values, (p.changed + kMergeSlack) * width}, {}};
+    const uint64_t at = s.offsets[t] + m.first;
+    merge_stripe(p.tiles, m.stripe, tile_starts[m.parsed], changes, width, std::span(s.indices).subspan(at, m.count),
+                 std::span(s.values).subspan(s.value_offsets[t] + m.first * width, m.count * width),
+                 std::span(s.base_values).subspan(s.value_offsets[t] + m.first * width, m.count * width),
+                 static_cast<const uint8_t*>(base[t].data));
   });
 }
 

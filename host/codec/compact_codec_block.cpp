@@ -540,14 +540,14 @@ thread_local SlotTable ByteLanes::gap_table_, ByteLanes::value_table_;
 
 // Token source of compact_version 2: 32 lanes sharing a stream of 16-bit words, one group of 32
 // changes per chunk (change i in lane i mod 32; change 0 has no gap token). Full groups run
-// word_group_simd where the CPU has AVX-512, else word_round -- the same arithmetic.
+// word_group_simd where the CPU has AVX2 or AVX-512, else word_round -- the same arithmetic.
 class WordLanes {
  public:
   static constexpr uint32_t kStateBytes = kWordStateBytes;
   static constexpr bool kCheckFirstChunk = true;
   static constexpr const char* kBadState = "rANS stream has an invalid initial state";
 
-  WordLanes(const Model& gap, const Model& value) : simd_(word_simd_available()) {
+  WordLanes(const Model& gap, const Model& value) : simd_(word_simd_level()) {
     build_slots(gap, gap_table_);
     build_slots(value, value_table_);
   }
@@ -560,8 +560,8 @@ class WordLanes {
   }
   uint32_t next(uint32_t begin, uint32_t count, const uint8_t*& ptr, uint8_t* gap_tokens, uint8_t* value_tokens) {
     const uint32_t n = std::min(kWordLanes, count - begin);
-    if (n == kWordLanes && begin != 0 && simd_) {
-      word_group_simd(x_, gap_table_, value_table_, ptr, gap_tokens, value_tokens);
+    if (n == kWordLanes && begin != 0 && simd_ != WordSimd::kScalar) {
+      word_group_simd(simd_, x_, gap_table_, value_table_, ptr, gap_tokens, value_tokens);
     } else {
       word_round(x_, gap_table_, ptr, gap_tokens, begin == 0 ? 1 : 0, n);
       word_round(x_, value_table_, ptr, value_tokens, 0, n);
@@ -576,7 +576,7 @@ class WordLanes {
 
  private:
   static thread_local WordSlotTable gap_table_, value_table_;
-  bool simd_;
+  WordSimd simd_;
   alignas(64) uint32_t x_[kWordLanes];
 };
 thread_local WordSlotTable WordLanes::gap_table_, WordLanes::value_table_;
@@ -607,9 +607,11 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
   uint64_t position = record.first_position;
   alignas(64) std::array<uint8_t, kMaxChunk> gap_tokens, value_tokens;
 
-  // Change j's base bits, prefetched kGatherLag changes ago.
+  // Change j's base bits, prefetched kGatherLag changes ago. Without a base they are zeros
+  // (written once here, when asked for at all).
+  if (!kBased && base_bits != nullptr) std::memset(base_bits, 0, size_t{count} * W);
   const auto gather = [&](uint32_t j) __attribute__((always_inline)) {
-    store_w<W>(base_bits + size_t{j} * W, kBased ? load_w<W>(base + static_cast<uint64_t>(positions[j]) * W) : 0u);
+    if constexpr (kBased) store_w<W>(base_bits + size_t{j} * W, load_w<W>(base + static_cast<uint64_t>(positions[j]) * W));
   };
   const auto prefetch = [&](uint64_t at) __attribute__((always_inline)) {
     if constexpr (kBased) __builtin_prefetch(base + at * W);
@@ -621,7 +623,7 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
     uint8_t* __restrict out = new_bits;
     const uint8_t* __restrict old = base_bits;
     for (uint32_t j = applied; j < to; ++j)
-      store_w<W>(out + size_t{j} * W, apply_value_symbol(load_w<W>(out + size_t{j} * W), load_w<W>(old + size_t{j} * W), W));
+      store_w<W>(out + size_t{j} * W, apply_value_symbol(load_w<W>(out + size_t{j} * W), kBased ? load_w<W>(old + size_t{j} * W) : 0u, W));
     applied = to;
   };
   const auto check_raw = [&] {

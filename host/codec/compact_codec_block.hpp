@@ -29,7 +29,8 @@ BlockRecord encode_block(const int64_t* positions, const uint8_t* new_bits, cons
 // Decodes one block of compact_version `version` whose payload is `payload` (exactly
 // record.payload_bytes() bytes). `base` is the whole base tensor (numel elements of `width`
 // bytes), or nullptr: decoded against zeros (base bits 0; the values to be rebased later).
-// Writes `record.count` positions, new bits and base bits (three distinct buffers). Throws
+// Writes `record.count` positions, new bits and base bits (three distinct buffers; without a
+// base, `base_bits` may be nullptr: no base bits wanted, none written). Throws
 // BlockError on any defect (positions are checked against numel before the base is read); the
 // outputs are then unspecified.
 void decode_block(const BlockRecord& record, std::span<const uint8_t> payload, const uint8_t* base,

@@ -2,28 +2,21 @@
 // (band by band, row-major inside a band: ascending coded positions), every decoder hands them
 // to the verified apply in flat order (ascending flat positions, which apply requires). CPU
 // side; the GPU's twins are in kernels/src/compact_tile_kernels.cuh.
+//
+// Neither direction puts a whole tensor in the other order first (a pass over memory each way):
+// the encoder routes a stripe's changes to per-band buffers of one block each and codes a block
+// as soon as it fills (split_stripe); the decoder finds each (row, band) run of a stripe and
+// copies the runs in flat order -- inside a run, coded and flat positions differ by a constant
+// -- then rebases the stripe in flat order (merge_stripe).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
 #include "codec/compact_tiles.hpp"
 
 namespace deltasync::compact {
-
-// One tensor's changes in coded order, cut into tiles: tile t holds changes
-// [tile_starts[t], tile_starts[t + 1]). `positions`, `new_bits` and `base_bits` are the coded
-// positions and the permuted bits when the tensor has bands, and empty when it has not (the
-// flat order is then the coded order).
-struct CodedOrder {
-  std::vector<int64_t> positions;
-  std::vector<uint8_t> new_bits, base_bits;
-  std::vector<uint64_t> tile_starts;  // tiles() + 1 entries
-};
-// `positions` ascending flat positions inside the tensor, `new_bits` and `base_bits` `width`
-// bytes per change.
-CodedOrder to_coded_order(const TileGeometry& tiles, std::span<const int64_t> positions, std::span<const uint8_t> new_bits,
-                          std::span<const uint8_t> base_bits, uint32_t width);
 
 // x / d by a multiply with ceil(2^64 / d): exact while x * d < 2^64 (checked once, for the
 // largest x the caller will divide), a plain division otherwise. The reorderings below run one
@@ -40,17 +33,58 @@ class Divider {
   uint64_t d_, magic_;
 };
 
-// A banded tensor's changes as its blocks decode them: coded order (ascending coded positions).
+// ---- encoder: flat -> coded ----------------------------------------------------------------
+
+// The first change of every stripe (stripes + 1 entries; stripes are contiguous in flat order).
+// Without bands these are the tile starts (coded order is flat order).
+std::vector<uint64_t> stripe_starts(const TileGeometry& tiles, std::span<const int64_t> positions);
+
+// A banded tensor's stripe `stripe` in coded order, a block at a time: one pass over its changes
+// in flat order routes each to its band's buffer (coded position and bits; cache-resident: one
+// block per band), and a full buffer -- block_elements changes, or what a band has left at the
+// stripe's end -- goes to `block` at once, band k's blocks in their order in tile (k, stripe).
+// `positions`, `new_bits` and `base_bits` are the whole tensor's changes in flat order.
+using BandBlock = std::function<void(uint32_t band, const int64_t* positions, const uint8_t* new_bits,
+                                     const uint8_t* base_bits, uint32_t count)>;
+void split_stripe(const TileGeometry& tiles, uint32_t stripe, std::span<const int64_t> positions, const uint8_t* new_bits,
+                  const uint8_t* base_bits, uint32_t width, uint32_t block_elements, const BandBlock& block);
+
+// The whole tensor in coded order (tests, and the GPU encoder's twin): `positions`, `new_bits`
+// and `base_bits` are the coded positions and permuted bits when the tensor has bands, empty
+// when it has not.
+struct CodedOrder {
+  std::vector<int64_t> positions;
+  std::vector<uint8_t> new_bits, base_bits;
+  std::vector<uint64_t> tile_starts;  // tiles() + 1 entries
+};
+CodedOrder to_coded_order(const TileGeometry& tiles, std::span<const int64_t> positions, std::span<const uint8_t> new_bits,
+                          std::span<const uint8_t> base_bits, uint32_t width);
+
+// ---- decoder: coded -> flat ----------------------------------------------------------------
+
+// A banded tensor's changes as its blocks decode them: coded order (ascending coded positions),
+// new bits and base bits, or new bits decoded against zeros and no base bits (empty: the
+// unbased decoding of compact_two_phase.hpp, which is what the CPU decoder does with bands).
 struct CodedChanges {
   std::span<const int64_t> positions;
   std::span<const uint8_t> new_bits, base_bits;
 };
-// The same changes in flat order (ascending flat positions), into `out_*` (as long as the
-// inputs, distinct from them). With `base` (the whole tensor, `width` bytes per element) the
-// changes were decoded without one (new bits against zeros, base bits 0): the base bits are
-// gathered at the flat positions -- in ascending order, a stream the hardware prefetcher
-// follows, where a gather in coded order stalls on its misses -- and the new bits rebased onto
-// them. Without, the bits move as they are.
+// Readable changes a merge_stripe input needs past a tile's last change (it copies runs a few
+// changes at a time).
+inline constexpr size_t kMergeSlack = 3;
+// The changes of stripe `stripe` in flat order into `out_*` (exactly the changes of that
+// stripe's tiles, `width` bytes per change for the bits); `tile_starts` (tiles() + 1 entries) cut
+// `coded` into tiles, whose arrays stay readable kMergeSlack changes past their end. With `base` (the whole tensor, `width` bytes per element; `coded` then has
+// no base bits) the new bits are rebased onto the base bits at the flat positions, gathered in
+// ascending order, and out_base_bits get those; without, the bits move as they are (base bits
+// zeros when `coded` has none).
+void merge_stripe(const TileGeometry& tiles, uint32_t stripe, std::span<const uint64_t> tile_starts, const CodedChanges& coded,
+                  uint32_t width, std::span<int64_t> out_positions, std::span<uint8_t> out_new_bits,
+                  std::span<uint8_t> out_base_bits, const uint8_t* base = nullptr);
+
+// The whole tensor in flat order (tests, and the GPU decoder's twin), as merge_stripe does it
+// stripe by stripe; the tile starts are found from the positions, and `coded` needs no slack.
+// Outputs as long as the inputs.
 void to_flat_order(const TileGeometry& tiles, const CodedChanges& coded, uint32_t width, std::span<int64_t> out_positions,
                    std::span<uint8_t> out_new_bits, std::span<uint8_t> out_base_bits, const uint8_t* base = nullptr);
 

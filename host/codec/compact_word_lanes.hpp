@@ -14,7 +14,7 @@ namespace deltasync::compact::detail {
 
 inline constexpr uint32_t kWordStateBytes = 4 * kWordLanes;  // the 32 final encoder states
 // Bytes a decoder may read past its stream's last word in one group: 64 words, plus the
-// 32-byte SIMD load at the last of them.
+// 32-byte SIMD load at the last of them (AVX-512; AVX2 loads 16).
 inline constexpr size_t kWordStreamPad = 2 * 2 * kWordLanes + 64;
 
 // A decoder slot table of the word-wise coder (word_slot_entry per slot), 16 KiB.
@@ -48,30 +48,39 @@ inline uint64_t pack_word_symbol(const EncSymbol& e) {
   return uint64_t{e.rcp_freq} | uint64_t{freq | e.bias << 13 | (e.rcp_shift - 32) << 26} << 32;
 }
 
-// A full group of 32 changes (not the block's first), encoded as put_word over its value round
-// then its gap round, lanes descending, with AVX-512 (a gather of the packed symbols, a
-// compress-store of the emitted words, the reciprocal multiply as two 32x32->64 halves). Only
-// where word_simd_available(); `x` 64-byte aligned. Same bytes as the scalar loop.
-void encode_word_group_simd(uint32_t* x, uint8_t*& ptr, const uint8_t* gap_tokens, const uint8_t* value_tokens,
-                            const uint64_t* gap_packed, const uint64_t* value_packed);
-bool word_simd_available();
+// The SIMD paths of the word-wise coder, chosen at run time: each runs a full group of 32
+// changes (not a block's first) with the same arithmetic and bytes as the scalar reference
+// (put_word / word_round), 16 lanes per instruction with AVX-512 (F, BW, VL), 8 with AVX2.
+enum class WordSimd : uint8_t { kScalar, kAvx2, kAvx512 };
+// Whether this CPU (and build) runs `level` (checked once).
+bool word_simd_supported(WordSimd level);
+// The best level this CPU runs, or the one DELTASYNC_CODEC_SIMD names ("scalar", "avx2",
+// "avx512"; for measurements and tests -- a level the CPU lacks falls back to the best one).
+WordSimd word_simd_level();
+const char* word_simd_name(WordSimd level);
+
+// A full group, encoded as put_word over its value round then its gap round, lanes descending
+// (a gather of the packed symbols, the emitted words compressed into place, the reciprocal
+// multiply as two 32x32->64 halves). `level` supported and not kScalar; `x` 64-byte aligned.
+void encode_word_group_simd(WordSimd level, uint32_t* x, uint8_t*& ptr, const uint8_t* gap_tokens,
+                            const uint8_t* value_tokens, const uint64_t* gap_packed, const uint64_t* value_packed);
 
 inline uint8_t* encode_word_lanes(const uint8_t* gap_tokens, const uint8_t* value_tokens, uint32_t count,
                                   const EncSymbol* gap_enc, const EncSymbol* value_enc, uint8_t* end,
-                                  bool simd = word_simd_available()) {
+                                  WordSimd simd = word_simd_level()) {
   alignas(64) std::array<uint32_t, kWordLanes> x;
   x.fill(kWordRansLow);
   uint8_t* ptr = end;
   std::array<uint64_t, 256> gap_packed, value_packed;  // the callers' tables have 256 entries
-  if (simd) {
+  if (simd != WordSimd::kScalar) {
     for (uint32_t s = 0; s < 256; ++s) gap_packed[s] = pack_word_symbol(gap_enc[s]);
     for (uint32_t s = 0; s < 256; ++s) value_packed[s] = pack_word_symbol(value_enc[s]);
   }
   for (uint32_t g = (count + kWordLanes - 1) / kWordLanes; g-- > 0;) {
     const uint32_t first = g * kWordLanes;
     const uint32_t n = std::min(kWordLanes, count - first);
-    if (simd && n == kWordLanes && g != 0) {
-      encode_word_group_simd(x.data(), ptr, gap_tokens + first, value_tokens + first, gap_packed.data(),
+    if (simd != WordSimd::kScalar && n == kWordLanes && g != 0) {
+      encode_word_group_simd(simd, x.data(), ptr, gap_tokens + first, value_tokens + first, gap_packed.data(),
                              value_packed.data());
       continue;
     }
@@ -105,12 +114,10 @@ inline void word_round(uint32_t* x, const WordSlotTable& table, const uint8_t*& 
   stream = ptr;
 }
 
-// A full group of 32 changes (not the block's first): the gap round then the value round, both
-// as word_round over all lanes, with AVX-512 (16 lanes per register: a gather of the slot
-// entries, an expand-load of the words). Only where word_simd_available(); `x` 64-byte aligned.
-void word_group_simd(uint32_t* x, const WordSlotTable& gap_table, const WordSlotTable& value_table,
+// A full group (not the block's first): the gap round then the value round, both as
+// word_round over all lanes (a gather of the slot entries, the refilling lanes' words expanded
+// into place). `level` supported and not kScalar; `x` 64-byte aligned.
+void word_group_simd(WordSimd level, uint32_t* x, const WordSlotTable& gap_table, const WordSlotTable& value_table,
                      const uint8_t*& ptr, uint8_t* gap_tokens, uint8_t* value_tokens);
-// Whether this CPU runs word_group_simd and encode_word_group_simd (AVX-512 F, BW, VL;
-// checked once).
 
 }  // namespace deltasync::compact::detail
