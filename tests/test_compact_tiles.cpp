@@ -345,12 +345,10 @@ TEST(CompactTiles, FilesWithoutTilesStayReadableAndUnchanged) {
 
   // The compact fuzz seeds committed before tiles existed (scripts/fuzz --seeds writes them
   // again byte for byte: fuzz::seed_delta keeps max_tiles = 1) decode to the fuzz model's next version.
-  const char* source = std::getenv("DELTASYNC_SOURCE");
-  if (source == nullptr) GTEST_SKIP() << "DELTASYNC_SOURCE not set (ctest sets it)";
   const ds::HostModel base = ds::fuzz::base_model(), next = ds::fuzz::next_model();
   for (const char* seed : {"delta-compact.safetensors", "delta-compact-v2.safetensors", "delta-compact-tiled.safetensors"}) {
     SCOPED_TRACE(seed);
-    const std::filesystem::path path = std::filesystem::path(source) / "tests/fuzz/corpus/delta_apply" / seed;
+    const std::filesystem::path path = std::filesystem::path(DELTASYNC_SOURCE_DIR) / "tests/fuzz/corpus/delta_apply" / seed;
     std::ifstream in(path, std::ios::binary);
     ASSERT_TRUE(in) << path;
     std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
