@@ -50,6 +50,20 @@ struct ByteRange {
 // range past the data.
 std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, std::span<const uint64_t> chunk_ends);
 
+// Fewer requests: a request costs about as much as reading `gap_bytes` more (S3 and HF buckets
+// answer a GET in ~10-30 ms, in which a stream moves ~64-256 KiB), so two ranges at most that many
+// bytes apart are read as one, the bytes between fetched and dropped -- as long as what one merged
+// read drops stays within 1/kGapShare of what it was asked for. That cap keeps a tensor-parallel
+// rank's bytes near its share where the ranges it skips are the other ranks' tiles (a tile of a
+// 0.6B model's projection is ~6-20 KB: without it a 256 KiB gap reads them all) and still joins
+// the scattered record pages, entries and blocks of a 1T model's parts (measured:
+// benchmarks/results/ranged-fetch-*.md, scale-model-2026-12-03-2.md).
+inline constexpr uint64_t kDefaultGapBytes = uint64_t{256} << 10;
+inline constexpr uint64_t kGapShare = 8;
+// `ranges` sorted and merged where they overlap or touch, and across gaps of at most `gap_bytes`
+// while a merged read's gap bytes stay at most 1/kGapShare of its ranges' bytes.
+std::vector<ByteRange> merge_gaps(std::vector<ByteRange> ranges, uint64_t gap_bytes);
+
 // True when some position of `placement` lies in one of `spans` (sorted, disjoint).
 bool placement_overlaps(const Placement& placement, std::span<const ElementSpan> spans);
 
@@ -93,8 +107,10 @@ struct ObjectReadPlan {
   uint64_t bytes() const;
   uint64_t requests() const { return 1 + index_chunks.size() + block_chunks.size(); }  // the header in one read
 };
+// Chunks whose gaps are at most `gap_bytes` are read as one (merge_gaps).
 ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges& needed, const PartScope& scope,
-                                 const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label);
+                                 const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label,
+                                 uint64_t gap_bytes = 0);
 
 // A version's reads, object by object of protocol::delta_objects(manifest): `headers[k]` is
 // object k's sealed header, `cindex(k, tensor)` that tensor's NAME.cindex in it; a delta part is
