@@ -850,23 +850,26 @@ TEST(IndexedRanged, RangesAtMostAGapApartAreReadAsOneRequest) {
   EXPECT_EQ(ranged::merge_gaps(four, 200), (Ranges{{0, 170}, {300, 50}, {400, 10}}));
   // The cap counts every gap a read went through: 100 * 8 <= 800 + 10 joins, (100 + 90) * 8 > 810 + 10 does not.
   EXPECT_EQ(ranged::merge_gaps({{0, 800}, {900, 10}, {1000, 10}}, 1000), (Ranges{{0, 910}, {1000, 10}}));
-  // Small ranges far apart (another rank's tiles between) stay apart whatever the gap.
+  // Small ranges far apart (another rank's tiles between) stay apart whatever the gap; without
+  // the cap (metadata reads) the request cost alone decides.
   EXPECT_EQ(ranged::merge_gaps({{0, 1000}, {5000, 1000}}, 1 << 20), (Ranges{{0, 1000}, {5000, 1000}}));
+  EXPECT_EQ(ranged::merge_gaps({{0, 1000}, {5000, 1000}}, 4000, ranged::GapCap::kNone), (Ranges{{0, 6000}}));
+  EXPECT_EQ(ranged::merge_gaps({{0, 1000}, {5000, 1000}}, 3999, ranged::GapCap::kNone), (Ranges{{0, 1000}, {5000, 1000}}));
 
-  // t.200..t.209 and t.211..t.215: t.210 makes one gap among the entries (E bytes) and one among
-  // the payloads (P bytes, P > E), each within 1/8 of what the read around it asks for.
+  // t.200..t.209 and t.211..t.215: t.210 makes one gap among the entries (E bytes: joined by the
+  // request cost alone) and one among the payloads (P bytes, P > E: joined while within 1/8 of
+  // what the read around it asks for).
   Indexed x;
   const Indexed::Place p = x.place();
-  uint64_t E = 0, P = 0, base = 4096 + 64 * ix::kRecordBytes, entries_before = 0, payloads_before = 0;
+  uint64_t E = 0, P = 0, base = 4096 + 64 * ix::kRecordBytes, payloads_before = 0;
   for (size_t k = 200; k <= 215; ++k) {
     const bool between = k == 210;
     (between ? E : base) += p.records[k].index_bytes;
     (between ? P : base) += x.payload_bytes(p, k);
-    if (k < 210) entries_before += p.records[k].index_bytes, payloads_before += x.payload_bytes(p, k);
+    if (k < 210) payloads_before += x.payload_bytes(p, k);
   }
   ASSERT_LT(E, P);
   ASSERT_LT(P, 4096u);  // the first read stays 4 KiB
-  ASSERT_LE(E * ranged::kGapShare, entries_before + p.records[211].index_bytes);
   ASSERT_LE(P * ranged::kGapShare, payloads_before + x.payload_bytes(p, 211));
   const ranged::NeededRanges need = x.needed({{200, 209}, {211, 215}});
   const ranged::RangedDelta apart = x.read(need, 0), entries_joined = x.read(need, E), all_joined = x.read(need, P);

@@ -25,7 +25,7 @@ std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, std::span<con
   return merge_gaps(std::move(rounded), 0);
 }
 
-std::vector<ByteRange> merge_gaps(std::vector<ByteRange> ranges, uint64_t gap_bytes) {
+std::vector<ByteRange> merge_gaps(std::vector<ByteRange> ranges, uint64_t gap_bytes, GapCap cap) {
   std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   std::vector<ByteRange> out;
   uint64_t wanted = 0, dropped = 0;  // out.back()'s bytes asked for and gap bytes read through
@@ -38,7 +38,7 @@ std::vector<ByteRange> merge_gaps(std::vector<ByteRange> ranges, uint64_t gap_by
       continue;
     }
     const uint64_t gap = out.empty() ? 0 : r.offset - out.back().end();
-    if (!out.empty() && gap <= gap_bytes && (dropped + gap) * kGapShare <= wanted + r.length) {
+    if (!out.empty() && gap <= gap_bytes && (cap == GapCap::kNone || (dropped + gap) * kGapShare <= wanted + r.length)) {
       dropped += gap;
       wanted += r.length;
       out.back().length = r.end() - out.back().offset;

@@ -52,17 +52,20 @@ std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, std::span<con
 
 // Fewer requests: a request costs about as much as reading `gap_bytes` more (S3 and HF buckets
 // answer a GET in ~10-30 ms, in which a stream moves ~64-256 KiB), so two ranges at most that many
-// bytes apart are read as one, the bytes between fetched and dropped -- as long as what one merged
-// read drops stays within 1/kGapShare of what it was asked for. That cap keeps a tensor-parallel
-// rank's bytes near its share where the ranges it skips are the other ranks' tiles (a tile of a
-// 0.6B model's projection is ~6-20 KB: without it a 256 KiB gap reads them all) and still joins
-// the scattered record pages, entries and blocks of a 1T model's parts (measured:
-// benchmarks/results/ranged-fetch-*.md, scale-model-2026-12-03-2.md).
+// bytes apart are read as one, the bytes between fetched and dropped. Block reads also keep what
+// one merged read drops within 1/kGapShare of what it was asked for (GapCap below): without that
+// a tensor-parallel rank would read the other ranks' tiles between its own (a tile of a 0.6B
+// model's projection is ~6-20 KB). Measured: benchmarks/results/scale-model-2026-12-03-2.md.
 inline constexpr uint64_t kDefaultGapBytes = uint64_t{256} << 10;
 inline constexpr uint64_t kGapShare = 8;
+// Whether a merged read's gap bytes are capped at 1/kGapShare of its ranges' bytes: for reads of
+// blocks, where what lies between is other ranks' data; metadata reads (the indexed layout's
+// record pages and block index entries: small, between them only other tensors' records) follow
+// the request cost alone.
+enum class GapCap { kShare, kNone };
 // `ranges` sorted and merged where they overlap or touch, and across gaps of at most `gap_bytes`
-// while a merged read's gap bytes stay at most 1/kGapShare of its ranges' bytes.
-std::vector<ByteRange> merge_gaps(std::vector<ByteRange> ranges, uint64_t gap_bytes);
+// (under GapCap::kShare while a merged read's gap bytes stay at most 1/kGapShare of its ranges').
+std::vector<ByteRange> merge_gaps(std::vector<ByteRange> ranges, uint64_t gap_bytes, GapCap cap = GapCap::kShare);
 
 // True when some position of `placement` lies in one of `spans` (sorted, disjoint).
 bool placement_overlaps(const Placement& placement, std::span<const ElementSpan> spans);
