@@ -14,8 +14,7 @@
 // replicated.
 //
 // Per tensor kind (the reader run on that kind's tensors alone) a rank's bytes are split into: the
-// first read (the header; in the indexed layout the presence bitmap and page hashes, and whatever
-// else the first gap's worth holds), the index reads (layout 1: the .cindex entries in whole
+// first reads (the header; in the indexed layout the presence bitmap and page hashes), the index reads (layout 1: the .cindex entries in whole
 // chunks; layout 2: the record pages and block index entries) and the block reads (chosen blocks,
 // in whole chunks in layout 1, and the gaps read through). "Ideal" is the rank's share of the
 // kind's block bytes (its changes' fraction of each tensor's payload); the share of the kind is

@@ -10,11 +10,6 @@
 namespace deltasync::ranged {
 namespace {
 
-// The first read takes this much of an object at least (a gap's worth: under the request cost
-// model it costs no more than the header alone), so an indexed object's header, bitmap and page
-// hashes usually come in one request.
-constexpr uint64_t kMinHeadBytes = 4096;
-
 // Layout 1: the block indexes of the needed tensors, then the chosen blocks, in whole chunks each
 // checked against the header's hashes. Ranges are data-section offsets here.
 void read_chunked(RangeReader& reader, const SealedHeader& header, const NeededRanges& needed, const PartScope& scope,
@@ -23,7 +18,7 @@ void read_chunked(RangeReader& reader, const SealedHeader& header, const NeededR
     uint64_t bytes = 0;
     for (const ByteRange& r : ranges) {
       const ByteRange in_object{header.data_offset + r.offset, r.length};
-      bytes += reader.fetch(std::span(&in_object, 1));  // what the first read did not bring
+      bytes += reader.fetch(std::span(&in_object, 1));  // what earlier reads did not bring
       verify_chunks(header, r.offset, reader.view(in_object), label);
     }
     return bytes;
@@ -128,11 +123,11 @@ RangedDelta read_needed(const RangeGet& get, const protocol::ObjectRef& ref, con
                         const ReadOptions& options, const std::string& label) {
   RangedDelta out;
   RangeReader reader(get, ref.size, label);
-  // The header (its length first, in the same read as a gap's worth of what follows it).
-  const uint64_t head = std::min(ref.size, std::max(kMinHeadBytes, options.gap_bytes));
-  const ByteRange first{0, head};
+  // The header: its length, then it -- two small reads, no more (a guess at its size would read
+  // data bytes this rank may not need, which on a small object is most of what it reads).
+  const ByteRange first{0, std::min<uint64_t>(8, ref.size)};
   reader.fetch(std::span(&first, 1));
-  const uint64_t prefix_bytes = header_prefix_bytes(reader.view({0, std::min<uint64_t>(8, head)}), ref.size, label);
+  const uint64_t prefix_bytes = header_prefix_bytes(reader.view(first), ref.size, label);
   const ByteRange whole_header{0, prefix_bytes};
   reader.fetch(std::span(&whole_header, 1));
   const SealedHeader header = read_sealed_header(reader.view(whole_header), ref, label);

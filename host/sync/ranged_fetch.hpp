@@ -4,9 +4,9 @@
 // a part's partials) of the tensors it needs -- that the existing decoder and verified apply take
 // as they are: the changes it lacks lie outside this rank's elements.
 //
-// Both compact layouts start alike: one ranged GET of the object's first bytes (the header, and in
-// the indexed layout the presence bitmap and the record page hashes behind it), a second one only
-// when the header is longer; the header is checked against the manifest's header_sha256.
+// Both compact layouts start alike: two ranged GETs, the header's length and the header, checked
+// against the manifest's header_sha256 (the indexed layout then reads its presence bitmap and
+// record page hashes, right behind the header, in one more).
 //   Layout 1 (NAME.cindex / NAME.cdata, sealed with chunk hashes in the header): the block
 //   indexes of the tensors it needs, then the blocks that meet its elements (sync/ranged_plan.hpp),
 //   in whole chunks, each chunk checked against the header's hashes.

@@ -27,8 +27,7 @@ void read_indexed(RangeReader& reader, const SealedHeader& header, const NeededR
   auto fetch = [&](std::vector<ByteRange> ranges) { return reader.fetch(merge_gaps(std::move(ranges), options.gap_bytes)); };
   auto corrupt = [&](const std::string& what) { return BadInputError(label + ": " + what + " (corrupt object)"); };
 
-  // 1. The bitmap and the page hashes, right after the header (the first read brought them unless
-  // the table is large), checked against the header's hashes.
+  // 1. The bitmap and the page hashes, right after the header, checked against the header's hashes.
   const ByteRange root = at(layout.present, 0, layout.pages.end - layout.present.begin);
   reader.fetch(std::span(&root, 1));
   // Kept: a view lasts until the next fetch.
