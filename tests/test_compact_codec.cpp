@@ -163,6 +163,8 @@ Model small_model(std::mt19937_64& rng) {
 
 }  // namespace
 
+// Container layout 1 (a NAME.cindex / NAME.cdata pair per changed tensor, names in the header);
+// the indexed layout has its own tests (test_compact_indexed.cpp).
 TEST(CompactFile, SerializeReadDecodeApply) {
   std::mt19937_64 rng(11);
   Model f = small_model(rng);
@@ -172,6 +174,7 @@ TEST(CompactFile, SerializeReadDecodeApply) {
   info.extra["note"] = "hello";
   compact::Options options;
   options.block_elements = 50;
+  options.layout = compact::kLayout1;
   auto bytes = compact::serialize_compact_delta(f.meta, f.delta.view(), info, options);
   const ds::st::File file = ds::st::File::from_bytes(std::move(bytes), "d.safetensors");
   EXPECT_TRUE(compact::is_compact_delta(file));
@@ -238,7 +241,9 @@ TEST(CompactFile, WritesPreEncodedTensorsOnlyWhenTheyMatchTheDelta) {
 TEST(CompactFile, RefusesAnotherBaseOrFormat) {
   std::mt19937_64 rng(12);
   Model f = small_model(rng);
-  const ds::st::File file = ds::st::File::from_bytes(compact::serialize_compact_delta(f.meta, f.delta.view(), {}), "d");
+  compact::Options layout1;  // names in the header (the indexed layout: test_compact_indexed.cpp)
+  layout1.layout = compact::kLayout1;
+  const ds::st::File file = ds::st::File::from_bytes(compact::serialize_compact_delta(f.meta, f.delta.view(), {}, layout1), "d");
   const auto refs = f.base_refs();
   compact::DecodedDelta decoded;
 

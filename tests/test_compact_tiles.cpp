@@ -305,36 +305,43 @@ TEST(CompactTiles, ReadersRefuseMalformedTilesAndCrossingBlocksInOneLine) {
     EXPECT_NE(crossing.find(" crosses a tile boundary (positions "), std::string::npos) << crossing;
   }
 
-  // In a file: an unknown compact_index_version, and version 2 indexes labelled version 1.
-  const ds::st::File file = ds::st::File::from_bytes(
-      compact::serialize_compact_delta(m.meta, m.delta.view(), {}, options_for(16, compact::kFormatVersion1)), "d.safetensors");
-  auto relabelled = [&](const char* index_version) {
-    std::vector<ds::st::WriteTensor> tensors;
-    for (const ds::st::TensorInfo& t : file.tensors()) tensors.push_back({t.name, t.dtype, t.shape, file.bytes(t)});
-    ds::st::Metadata md = file.metadata();
-    if (index_version) md["compact_index_version"] = index_version; else md.erase("compact_index_version");
-    const ds::st::File f = ds::st::File::from_bytes(ds::st::serialize(tensors, md), "d.safetensors");
-    compact::DecodedDelta decoded;
-    const auto refs = m.base_refs();
-    try {
-      compact::decode_compact_delta(f, m.meta, refs, decoded);
-    } catch (const ds::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("decoded");
-  };
-  EXPECT_EQ(relabelled("2"), "decoded");
-  EXPECT_EQ(relabelled("3"), "d.safetensors: unsupported compact_index_version '3' (this build reads 1 and 2)");
-  EXPECT_NE(relabelled(nullptr).find("block index has"), std::string::npos);
+  // In a file of either container layout: an unknown compact_index_version, and version 2
+  // indexes labelled version 1 (their size then disagrees with their block count).
+  for (const uint32_t layout : {compact::kLayout1, compact::kLayout2}) {
+    SCOPED_TRACE("compact_layout " + std::to_string(layout));
+    compact::Options options = options_for(16, compact::kFormatVersion1);
+    options.layout = layout;
+    const ds::st::File file = ds::st::File::from_bytes(compact::serialize_compact_delta(m.meta, m.delta.view(), {}, options), "d.safetensors");
+    auto relabelled = [&](const char* index_version) {
+      std::vector<ds::st::WriteTensor> tensors;
+      for (const ds::st::TensorInfo& t : file.tensors()) tensors.push_back({t.name, t.dtype, t.shape, file.bytes(t)});
+      ds::st::Metadata md = file.metadata();
+      if (index_version) md["compact_index_version"] = index_version; else md.erase("compact_index_version");
+      const ds::st::File f = ds::st::File::from_bytes(ds::st::serialize(tensors, md), "d.safetensors");
+      compact::DecodedDelta decoded;
+      const auto refs = m.base_refs();
+      try {
+        compact::decode_compact_delta(f, m.meta, refs, decoded);
+      } catch (const ds::Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("decoded");
+    };
+    EXPECT_EQ(relabelled("2"), "decoded");
+    EXPECT_EQ(relabelled("3"), "d.safetensors: unsupported compact_index_version '3' (this build reads 1 and 2)");
+    EXPECT_NE(relabelled(nullptr).find(layout == compact::kLayout1 ? "block index has" : "block index entry has"), std::string::npos);
+  }
 }
 
 TEST(CompactTiles, FilesWithoutTilesStayReadableAndUnchanged) {
-  // max_tiles = 1 writes what writers wrote before tiles: no compact_index_version, 24-byte headers.
+  // max_tiles = 1 in container layout 1 writes what writers wrote before tiles: no
+  // compact_index_version, 24-byte headers.
   std::mt19937_64 rng(4);
   Model m = tiled_model(ds::DType::BF16, 0.05, rng);
   m.encode();
-  const ds::st::File file = ds::st::File::from_bytes(
-      compact::serialize_compact_delta(m.meta, m.delta.view(), {}, options_for(16, compact::kFormatVersion1, 1)), "old");
+  compact::Options before_tiles = options_for(16, compact::kFormatVersion1, 1);
+  before_tiles.layout = compact::kLayout1;
+  const ds::st::File file = ds::st::File::from_bytes(compact::serialize_compact_delta(m.meta, m.delta.view(), {}, before_tiles), "old");
   EXPECT_FALSE(file.metadata().contains("compact_index_version"));
   const auto& e = file.at("mlp.w.cindex");
   EXPECT_EQ((file.bytes(e).size() - compact::kIndexHeaderBytes) % compact::kRecordBytes, 0u);

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "sync/protocol.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 #include "test_support.hpp"
 
 namespace {

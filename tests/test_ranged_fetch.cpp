@@ -17,9 +17,12 @@
 
 #include "codec/compact_block_subset.hpp"
 #include "codec/compact_codec.hpp"
+#include "codec/compact_indexed.hpp"
+#include "core/little_endian.hpp"
+#include "engine/integrity.hpp"
 #include "compact_test_support.hpp"
 #include "engine/cpu_sync_engine.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 #include "sync/mapped_receiver.hpp"
 #include "sync/publisher.hpp"
 #include "sync/range_hashes.hpp"
@@ -266,14 +269,16 @@ std::vector<uint8_t> seal_with_one_chunk_size(std::span<const uint8_t> sealed, u
   });
 }
 
-// A sealed compact delta of Encoded's tensor, as the publisher writes it, with its reference.
+// A sealed compact delta of Encoded's tensor in container layout 1 (the indexed layout needs no
+// chunks: its tests are below), as the publisher writes it, with its reference.
 struct Sealed {
   Encoded e;
   std::vector<uint8_t> bytes;
   protocol::ObjectRef ref;
-  Sealed() {
+  explicit Sealed(uint64_t numel = 20000) : e(numel) {
     DeltaInfo info;
     info.model_version = 2;
+    e.options.layout = compact::kLayout1;
     const auto file = compact::serialize_compact_delta(e.m.meta, e.m.delta.view(), info, e.options);
     bytes = ranged::seal(file, "delta", 256);
     ref = protocol::ObjectRef{"deltas/d.safetensors", bytes.size(), sha256_hex(bytes), ""};
@@ -334,7 +339,7 @@ TEST(SealedHeader, AHeaderMustMatchTheManifestAndEveryChunkItsHash) {
 }
 
 TEST(SealedHeader, ObjectsSealedWithOneChunkSizeStayReadable) {
-  Sealed s;
+  Sealed s(200000);  // larger than the first read
   const std::vector<uint8_t> old = seal_with_one_chunk_size(s.bytes, 256);
   protocol::ObjectRef ref{"deltas/old.safetensors", old.size(), sha256_hex(old), ""};
   const uint64_t prefix = ranged::header_prefix_bytes(old, old.size(), "old");
@@ -350,7 +355,7 @@ TEST(SealedHeader, ObjectsSealedWithOneChunkSizeStayReadable) {
   Store& store = *store_ptr;
   store.put(ref.key, old);
   const uint64_t n = s.e.m.meta[0].numel();
-  const ranged::RangedDelta half = ranged::fetch_needed(store, ref, {{"w", {s.e.m.meta[0].shape, {{0, n / 2}}}}}, {});
+  const ranged::RangedDelta half = ranged::fetch_needed(store, ref, {{"w", {s.e.m.meta[0].shape, {{0, n / 2}}}}}, {}, {nullptr, 0});
   EXPECT_LT(half.bytes_fetched, old.size());
 }
 
@@ -471,12 +476,15 @@ struct TwoRanks {
     }
   }
 
-  // Both ranks sync (each its own subscriber); the reports, or the errors' messages.
-  std::array<std::variant<SyncReport, std::string>, 2> sync(Store& store) {
+  // Both ranks sync (each its own subscriber, reading ranges `gap_bytes` apart as one: 0 by
+  // default, so that a test sees the bytes a rank needs); the reports, or the errors' messages.
+  std::array<std::variant<SyncReport, std::string>, 2> sync(Store& store, uint64_t gap_bytes = 0) {
     std::array<std::variant<SyncReport, std::string>, 2> out;
     auto run = [&](int r) {
       try {
-        Subscriber sub(store);
+        SubscriberOptions options;
+        options.range_gap_bytes = gap_bytes;
+        Subscriber sub(store, options);
         out[r] = sub.sync(*receivers[r]);
       } catch (const std::exception& e) {
         out[r] = std::string(e.what());
@@ -544,67 +552,83 @@ struct Trainer {
 
 }  // namespace
 
+// In either container layout; a tampered block is refused in the layout's words (layout 1: the
+// chunk's hash in the header; the indexed layout: the block's hash in its tensor's entry).
 TEST(RangedSync, TwoRanksEachReadLessThanTheDeltaAndEndBitIdentical) {
-  TempDir dir;
-  auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
-  Trainer trainer;
-  PublisherOptions o = small_blocks();
-  Publisher pub(store, trainer.meta, o);
-  TwoRanks ranks(trainer.meta);
-  for (uint64_t v = 1; v <= 3; ++v) {
-    if (v > 1) trainer.step(v);
-    pub.publish(v, trainer.refs());
-    pub.flush();
-    auto reports = ranks.sync(*store);
-    for (int r = 0; r < 2; ++r) {
-      ASSERT_TRUE(std::holds_alternative<SyncReport>(reports[r])) << "rank " << r << ": " << std::get<std::string>(reports[r]);
-      const SyncReport& rep = std::get<SyncReport>(reports[r]);
-      EXPECT_EQ(rep.to, v);
-      if (v > 1) {
-        EXPECT_GT(rep.delta_bytes, 0u);
-        EXPECT_LT(rep.bytes_fetched, rep.delta_bytes * 8 / 10) << "rank " << r << " at version " << v;
+  for (const uint32_t layout : {compact::kLayout1, compact::kLayout2}) {
+    SCOPED_TRACE("compact_layout " + std::to_string(layout));
+    TempDir dir;
+    auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
+    Trainer trainer;
+    PublisherOptions o = small_blocks();
+    o.compact_layout = layout;
+    Publisher pub(store, trainer.meta, o);
+    TwoRanks ranks(trainer.meta);
+    for (uint64_t v = 1; v <= 3; ++v) {
+      if (v > 1) trainer.step(v);
+      pub.publish(v, trainer.refs());
+      pub.flush();
+      auto reports = ranks.sync(*store);
+      for (int r = 0; r < 2; ++r) {
+        ASSERT_TRUE(std::holds_alternative<SyncReport>(reports[r])) << "rank " << r << ": " << std::get<std::string>(reports[r]);
+        const SyncReport& rep = std::get<SyncReport>(reports[r]);
+        EXPECT_EQ(rep.to, v);
+        if (v > 1) {
+          EXPECT_GT(rep.delta_bytes, 0u);
+          EXPECT_LT(rep.bytes_fetched, rep.delta_bytes * 8 / 10) << "rank " << r << " at version " << v;
+        }
       }
+      EXPECT_TRUE(ranks.holds(trainer.bits)) << "version " << v;
     }
-    EXPECT_TRUE(ranks.holds(trainer.bits)) << "version " << v;
+    // A tampered block (one payload bit, the whole object's SHA-256 left stale as an attacker on
+    // the wire would): both ranks refuse and keep version 3's bits.
+    const protocol::Manifest m4 = [&] {
+      const auto before = trainer.bits;
+      trainer.step(4);
+      pub.publish(4, trainer.refs());
+      pub.flush();
+      protocol::Catalog c(*store);
+      const protocol::Manifest m = *c.find(4);
+      trainer.bits = before;
+      return m;
+    }();
+    auto object = store->get(m4.delta->key);
+    object[object.size() - 3] ^= 0x10;  // inside the last block of the last tensor: rank 1's
+    store->put(m4.delta->key, object);
+    auto reports = ranks.sync(*store);
+    // The rank whose block it is refuses (one line naming the object and the chunk, or the tensor
+    // and block); the other rank is refused by it in their agreement; the recovery from anchor 1
+    // meets the same block again.
+    ASSERT_TRUE(std::holds_alternative<std::string>(reports[1])) << "rank 1 accepted a tampered block";
+    const std::string& refusal = std::get<std::string>(reports[1]);
+    if (layout == compact::kLayout1) {
+      EXPECT_NE(refusal.find(m4.delta->key + ": data chunk "), std::string::npos) << refusal;
+      EXPECT_NE(refusal.find(" sha256 differs from its header's (corrupt object)"), std::string::npos) << refusal;
+    } else {
+      EXPECT_NE(refusal.find(m4.delta->key + ": tensor b.weight: block "), std::string::npos) << refusal;
+      EXPECT_NE(refusal.find(" sha256 differs from its entry's (corrupt object)"), std::string::npos) << refusal;
+    }
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(std::holds_alternative<std::string>(reports[r])) << "rank " << r << " applied version 4";
+      EXPECT_EQ(ranks.receivers[r]->version(), 3u);
+    }
+    EXPECT_TRUE(ranks.holds(trainer.bits));
   }
-  // A tampered block (one payload bit, the whole object's SHA-256 left stale as an attacker on
-  // the wire would): both ranks refuse and keep version 3's bits.
-  const protocol::Manifest m4 = [&] {
-    const auto before = trainer.bits;
-    trainer.step(4);
-    pub.publish(4, trainer.refs());
-    pub.flush();
-    protocol::Catalog c(*store);
-    const protocol::Manifest m = *c.find(4);
-    trainer.bits = before;
-    return m;
-  }();
-  auto object = store->get(m4.delta->key);
-  object[object.size() - 3] ^= 0x10;  // inside the last block of the last tensor: rank 1's
-  store->put(m4.delta->key, object);
-  auto reports = ranks.sync(*store);
-  // The rank whose block it is refuses (one line naming the object and chunk); the other rank is
-  // refused by it in their agreement; the recovery from anchor 1 meets the same block again.
-  ASSERT_TRUE(std::holds_alternative<std::string>(reports[1])) << "rank 1 accepted a tampered block";
-  EXPECT_NE(std::get<std::string>(reports[1]).find("sha256 differs from its header's"), std::string::npos) << std::get<std::string>(reports[1]);
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(std::holds_alternative<std::string>(reports[r])) << "rank " << r << " applied version 4";
-    EXPECT_EQ(ranks.receivers[r]->version(), 3u);
-  }
-  EXPECT_TRUE(ranks.holds(trainer.bits));
 }
 
 // Row-parallel weights (each rank holds half of every row): without tiles every block meets
 // both ranks. With column bands (the publisher's default tiles) each rank reads only the blocks
-// of its own bands, and ends bit-identical.
+// of its own bands, and ends bit-identical -- in either container layout.
 TEST(RangedSync, TwoRanksSplittingColumnsReadOnlyTheBlocksOfTheirBands) {
+  for (const uint32_t layout : {compact::kLayout1, compact::kLayout2})
   for (const uint32_t max_tiles : {1u, compact::kDefaultMaxTiles}) {
-    SCOPED_TRACE("max_tiles " + std::to_string(max_tiles));
+    SCOPED_TRACE("compact_layout " + std::to_string(layout) + ", max_tiles " + std::to_string(max_tiles));
     TempDir dir;
     auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
     Trainer trainer;
     PublisherOptions o = small_blocks();
     o.compact_max_tiles = max_tiles;
+    o.compact_layout = layout;
     Publisher pub(store, trainer.meta, o);
     TwoRanks ranks(trainer.meta, Split::Columns);
     pub.publish(1, trainer.refs());
@@ -616,22 +640,17 @@ TEST(RangedSync, TwoRanksSplittingColumnsReadOnlyTheBlocksOfTheirBands) {
     const auto reports = ranks.sync(*store);
     EXPECT_TRUE(ranks.holds(trainer.bits));
 
-    // The rank's plan: every block it reads lies in one of its bands.
+    // The rank's reads: every block it reads lies in one of its bands.
     protocol::Catalog catalog(*store);
     const protocol::Manifest m = *catalog.find(2);
-    const std::vector<uint8_t> object = store->get(m.delta->key);
-    const uint64_t prefix = ranged::header_prefix_bytes(object, object.size(), "d");
-    const ranged::SealedHeader h = ranged::read_sealed_header(std::span<const uint8_t>(object).first(prefix), *m.delta, "d");
-    auto cindex = [&](const std::string& t) {
-      const st::TensorInfo* e = h.find(t + ".cindex");
-      return std::span<const uint8_t>(object).subspan(h.data_offset + e->begin, e->nbytes());
-    };
+    const compact::TensorTable table(trainer.meta);
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(std::holds_alternative<SyncReport>(reports[r])) << "rank " << r << ": " << std::get<std::string>(reports[r]);
       const SyncReport& rep = std::get<SyncReport>(reports[r]);
-      const ranged::ObjectReadPlan plan = ranged::plan_object_reads(h, ranks.needed(r), {}, cindex, "d");
-      ASSERT_EQ(plan.blocks.size(), trainer.meta.size());
-      for (const ranged::BlockReads& reads : plan.blocks) {
+      const ranged::RangedDelta read = ranged::fetch_needed(*store, *m.delta, ranks.needed(r), {}, {&table, 0});
+      EXPECT_EQ(read.bytes_fetched, rep.bytes_fetched) << "the subscriber read what the planner says";
+      ASSERT_EQ(read.blocks.size(), trainer.meta.size());
+      for (const ranged::BlockReads& reads : read.blocks) {
         const compact::TileGeometry& g = reads.records.tiles;
         if (max_tiles == 1) {
           EXPECT_EQ(reads.chosen.size(), reads.records.blocks.size()) << "without tiles a row-parallel rank needs every block";
@@ -703,4 +722,231 @@ TEST(RangedSync, TwoRanksFollowingAShardedPublisherReadTheirPartsBlocksOnly) {
     }
     EXPECT_TRUE(ranks.holds(trainer.bits)) << "version " << v;
   }
+}
+
+// ---- the indexed layout by ranges --------------------------------------------------------------
+
+namespace {
+
+namespace ix = compact::indexed;
+
+// 640 tensors "t.0" .. "t.639" of [4, 2048] bf16 elements (natural order: ordinal = the number),
+// every one changed at 5% in blocks of 256, with digests: one indexed delta in memory, read
+// through a counting ranged GET.
+struct Indexed {
+  Model m;
+  std::vector<uint8_t> bytes;
+  protocol::ObjectRef ref;
+  std::unique_ptr<compact::TensorTable> table;
+  uint64_t gets = 0;
+  Indexed() {
+    std::mt19937_64 rng(9);
+    for (int t = 0; t < 640; ++t) {
+      m.add_shaped("t." + std::to_string(t), DType::BF16, {4, 2048});
+      fill_base(m.base[t], 2, rng, false);
+      make_changes(m, t, 0.05, Change::Ulp, rng);
+    }
+    m.encode();
+    table = std::make_unique<compact::TensorTable>(m.meta);
+    DeltaInfo info;
+    std::vector<uint64_t> base(m.meta.size());
+    for (size_t t = 0; t < base.size(); ++t) base[t] = rng();
+    integrity::put_delta_digests(info, integrity::delta_digests(m.meta, m.delta.view(), base, 2, 1));
+    compact::Options options;
+    options.block_elements = 256;
+    options.max_tiles = 1;
+    bytes = compact::serialize_compact_delta(m.meta, m.delta.view(), info, options);
+    ref = protocol::ObjectRef{"deltas/x", bytes.size(), sha256_hex(bytes), ""};
+    ref.header_sha256 = sha256_hex(std::span<const uint8_t>(bytes).first(ranged::header_prefix_bytes(bytes, bytes.size(), "x")));
+  }
+  ranged::NeededRanges needed(std::initializer_list<std::pair<int, int>> runs) const {
+    ranged::NeededRanges out;
+    for (const auto& [first, last] : runs)
+      for (int t = first; t <= last; ++t) out.emplace(m.meta[t].name, ranged::NeededTensor{m.meta[t].shape, {{0, m.meta[t].numel()}}});
+    return out;
+  }
+  ranged::RangedDelta read(const ranged::NeededRanges& need, uint64_t gap, const std::vector<uint8_t>* object = nullptr) {
+    const std::vector<uint8_t>& o = object ? *object : bytes;
+    const ranged::RangeGet get = [&](uint64_t offset, uint64_t length) {
+      ++gets;
+      return std::vector<uint8_t>(o.begin() + static_cast<std::ptrdiff_t>(offset), o.begin() + static_cast<std::ptrdiff_t>(offset + length));
+    };
+    return ranged::read_needed(get, ref, need, {}, {table.get(), gap}, "x");
+  }
+  // Where things are in the object (what the test plans by hand).
+  struct Place {
+    uint64_t data = 0;
+    ix::Layout layout;
+    std::vector<ix::Record> records;
+  };
+  Place place() const {
+    const st::File file = st::File::from_bytes(bytes, "x");
+    Place p;
+    p.data = ranged::header_prefix_bytes(bytes, bytes.size(), "x");
+    p.layout = ix::read_layout(file.tensors(), file.metadata(), bytes.size() - p.data, "x");
+    for (uint64_t k = 0; k < p.layout.record_count(); ++k)
+      p.records.push_back(ix::read_record(bytes.data() + p.data + p.layout.records.begin + k * ix::kRecordBytes));
+    return p;
+  }
+  // Tensor k's payload size (from its block index entry's header).
+  uint64_t payload_bytes(const Place& p, size_t k) const {
+    return detail::load_le<uint64_t>(bytes.data() + p.data + p.layout.index.begin + p.records[k].index_offset + 8);
+  }
+};
+
+}  // namespace
+
+TEST(IndexedRanged, AReceiverReadsTheHeadAPageItsEntriesAndItsBlocksOnly) {
+  Indexed x;
+  const Indexed::Place p = x.place();
+  ASSERT_EQ(p.records.size(), 640u);
+  // t.200 .. t.209: records of page 3 (192 .. 255), their entries and payloads, each contiguous.
+  const ranged::RangedDelta read = x.read(x.needed({{200, 209}}), 0);
+  uint64_t entries = 0, payloads = 0;
+  for (size_t k = 200; k <= 209; ++k) {
+    entries += p.records[k].index_bytes;
+    payloads += x.payload_bytes(p, k);
+  }
+  // The header's length, the header, the bitmap and page hashes, the page, the entries, the blocks.
+  const uint64_t head = p.data + p.layout.pages.end;
+  EXPECT_EQ(read.requests, 6u);
+  EXPECT_EQ(x.gets, 6u);
+  EXPECT_EQ(read.head_bytes, head);
+  EXPECT_EQ(read.index_bytes, 64 * ix::kRecordBytes + entries);
+  EXPECT_EQ(read.block_bytes, payloads);
+  EXPECT_EQ(read.bytes_fetched, head + 64 * ix::kRecordBytes + entries + payloads);
+  EXPECT_LT(read.bytes_fetched, x.bytes.size() / 20);
+  // The reduced file: the ten records, their changes exactly, their digests.
+  const st::File reduced = st::File::from_bytes(read.file, "reduced");
+  EXPECT_EQ(reduced.at(ix::kRecords).nbytes(), 10 * ix::kRecordBytes);
+  compact::DecodedDelta decoded;
+  compact::decode_compact_delta(reduced, x.m.meta, x.m.base_refs(), decoded);
+  for (size_t t = 0; t < 640; ++t) {
+    const bool needed = t >= 200 && t <= 209;
+    EXPECT_EQ(decoded.storage.offsets[t + 1] - decoded.storage.offsets[t], needed ? x.m.delta.offsets[t + 1] - x.m.delta.offsets[t] : 0u) << t;
+  }
+  const auto promises = integrity::read_delta_digests(decoded.info, "reduced");
+  ASSERT_TRUE(promises);
+  EXPECT_EQ(promises->base.size(), 10u);
+  EXPECT_TRUE(promises->base.contains("t.205"));
+  // Half of a tensor: its records and entry as before, the blocks of its first half only.
+  ranged::NeededRanges half;
+  half.emplace("t.300", ranged::NeededTensor{x.m.meta[300].shape, {{0, 4096}}});
+  const ranged::RangedDelta h = x.read(half, 0);
+  ASSERT_EQ(h.blocks.size(), 1u);
+  EXPECT_LT(h.blocks[0].chosen.size(), h.blocks[0].records.blocks.size());
+  for (const uint32_t b : h.blocks[0].chosen) EXPECT_LT(h.blocks[0].records.blocks[b].first_position, 4096u);
+}
+
+TEST(IndexedRanged, RangesAtMostAGapApartAreReadAsOneRequest) {
+  using Ranges = std::vector<ByteRange>;
+  // Sorted; overlapping and touching ranges always join, empty ones vanish.
+  EXPECT_EQ(ranged::merge_gaps({{100, 10}, {0, 10}, {20, 5}}, 0), (Ranges{{0, 10}, {20, 5}, {100, 10}}));
+  EXPECT_EQ(ranged::merge_gaps({{0, 10}, {5, 2}, {10, 0}, {10, 4}}, 0), (Ranges{{0, 14}}));
+  // A gap joins when it is at most gap_bytes and the read's gap bytes stay within 1/8 of its
+  // ranges' bytes: 10 * 8 <= 100 + 60 joins; then 130 > gap_bytes 100; with 200, (10 + 130) * 8 >
+  // 160 + 50 still keeps [300, +50) apart; 50 * 8 > 50 + 10 keeps [400, +10) apart.
+  const Ranges four{{0, 100}, {110, 60}, {300, 50}, {400, 10}};
+  EXPECT_EQ(ranged::merge_gaps(four, 9), four);
+  EXPECT_EQ(ranged::merge_gaps(four, 10), (Ranges{{0, 170}, {300, 50}, {400, 10}}));
+  EXPECT_EQ(ranged::merge_gaps(four, 200), (Ranges{{0, 170}, {300, 50}, {400, 10}}));
+  // The cap counts every gap a read went through: 100 * 8 <= 800 + 10 joins, (100 + 90) * 8 > 810 + 10 does not.
+  EXPECT_EQ(ranged::merge_gaps({{0, 800}, {900, 10}, {1000, 10}}, 1000), (Ranges{{0, 910}, {1000, 10}}));
+  // Small ranges far apart (another rank's tiles between) stay apart whatever the gap; without
+  // the cap (metadata reads) the request cost alone decides.
+  EXPECT_EQ(ranged::merge_gaps({{0, 1000}, {5000, 1000}}, 1 << 20), (Ranges{{0, 1000}, {5000, 1000}}));
+  EXPECT_EQ(ranged::merge_gaps({{0, 1000}, {5000, 1000}}, 4000, ranged::GapCap::kNone), (Ranges{{0, 6000}}));
+  EXPECT_EQ(ranged::merge_gaps({{0, 1000}, {5000, 1000}}, 3999, ranged::GapCap::kNone), (Ranges{{0, 1000}, {5000, 1000}}));
+
+  // t.200..t.209 and t.211..t.215: t.210 makes one gap among the entries (E bytes: joined by the
+  // request cost alone) and one among the payloads (P bytes, P > E: joined while within 1/8 of
+  // what the read around it asks for).
+  Indexed x;
+  const Indexed::Place p = x.place();
+  uint64_t E = 0, P = 0, base = p.data + p.layout.pages.end + 64 * ix::kRecordBytes, payloads_before = 0;
+  for (size_t k = 200; k <= 215; ++k) {
+    const bool between = k == 210;
+    (between ? E : base) += p.records[k].index_bytes;
+    (between ? P : base) += x.payload_bytes(p, k);
+    if (k < 210) payloads_before += x.payload_bytes(p, k);
+  }
+  ASSERT_LT(E, P);
+  ASSERT_LE(P * ranged::kGapShare, payloads_before + x.payload_bytes(p, 211));
+  const ranged::NeededRanges need = x.needed({{200, 209}, {211, 215}});
+  const ranged::RangedDelta apart = x.read(need, 0), entries_joined = x.read(need, E), all_joined = x.read(need, P);
+  // The header (two reads), the bitmap and page hashes, the page, the entries and the blocks, the
+  // last two in two requests each unless joined.
+  EXPECT_EQ(apart.requests, 8u);
+  EXPECT_EQ(apart.bytes_fetched, base);
+  EXPECT_EQ(entries_joined.requests, 7u);
+  EXPECT_EQ(entries_joined.bytes_fetched, base + E);
+  EXPECT_EQ(all_joined.requests, 6u);
+  EXPECT_EQ(all_joined.bytes_fetched, base + E + P);
+  // The same reduced file whatever was read through.
+  EXPECT_EQ(apart.file, all_joined.file);
+}
+
+TEST(IndexedRanged, EveryTamperedPieceIsRefusedInOneLineBeforeUse) {
+  Indexed x;
+  const Indexed::Place p = x.place();
+  const ranged::NeededRanges need = x.needed({{200, 209}});
+  auto refused = [&](uint64_t offset) {
+    std::vector<uint8_t> bad = x.bytes;
+    bad[offset] ^= 0x04;
+    return error_message([&] { x.read(need, 0, &bad); });
+  };
+  const uint64_t d = p.data;
+  EXPECT_EQ(refused(20), "x: header sha256 differs from the manifest's (corrupt object)");
+  EXPECT_EQ(refused(d + p.layout.present.begin + 10), "x: presence bitmap sha256 differs from its header's (corrupt object)");
+  EXPECT_EQ(refused(d + p.layout.pages.begin + 3 * ix::kHashBytes), "x: record page hashes' sha256 differs from its header's (corrupt object)");
+  EXPECT_EQ(refused(d + p.layout.records.begin + 205 * ix::kRecordBytes + 24), "x: record page 3 sha256 differs from its hash (corrupt object)");
+  EXPECT_EQ(refused(d + p.layout.index.begin + p.records[205].index_offset + 40),
+            "x: tensor t.205: block index entry sha256 differs from its record's (corrupt object)");
+  EXPECT_EQ(refused(d + p.layout.payload.begin + p.records[205].payload_offset + 1), "x: tensor t.205: block 0 sha256 differs from its entry's (corrupt object)");
+  // Bytes nobody needs are not read, so not checked: another tensor's block goes unnoticed here.
+  EXPECT_NO_THROW(x.read(need, 0, nullptr));
+  std::vector<uint8_t> other = x.bytes;
+  other[d + p.layout.payload.begin + p.records[400].payload_offset] ^= 1;
+  EXPECT_NO_THROW(x.read(need, 0, &other));
+  // And another model's table is refused before any record is read.
+  std::vector<TensorMeta> renamed = x.m.meta;
+  renamed[7].name = "u.7";
+  const compact::TensorTable other_table(renamed);
+  const ranged::RangeGet get = [&](uint64_t offset, uint64_t length) {
+    return std::vector<uint8_t>(x.bytes.begin() + static_cast<std::ptrdiff_t>(offset), x.bytes.begin() + static_cast<std::ptrdiff_t>(offset + length));
+  };
+  EXPECT_NE(error_message([&] { ranged::read_needed(get, x.ref, need, {}, {&other_table, 0}, "x"); }).find("x: written for another tensor table"),
+            std::string::npos);
+}
+
+// A tampered record on the way to two ranks: both refuse in one line and keep their weights.
+TEST(RangedSync, TwoRanksRefuseATamperedRecordAndKeepTheirWeights) {
+  TempDir dir;
+  auto store = std::shared_ptr<Store>(open_store(dir.path().string()));
+  Trainer trainer;
+  Publisher pub(store, trainer.meta, small_blocks());
+  TwoRanks ranks(trainer.meta);
+  pub.publish(1, trainer.refs());
+  pub.flush();
+  for (const auto& r : ranks.sync(*store)) ASSERT_TRUE(std::holds_alternative<SyncReport>(r));
+  const auto before = trainer.bits;
+  trainer.step(2);
+  pub.publish(2, trainer.refs());
+  pub.flush();
+  protocol::Catalog catalog(*store);
+  const protocol::Manifest m = *catalog.find(2);
+  std::vector<uint8_t> object = store->get(m.delta->key);
+  const st::File file = st::File::from_bytes(object, "d");
+  const uint64_t data = ranged::header_prefix_bytes(object, object.size(), "d");
+  object[data + file.at(ix::kRecords).begin + ix::kRecordBytes + 30] ^= 1;  // b.weight's result digest
+  store->put(m.delta->key, object);
+  const auto reports = ranks.sync(*store);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(std::holds_alternative<std::string>(reports[r])) << "rank " << r << " applied version 2";
+    const std::string& e = std::get<std::string>(reports[r]);
+    EXPECT_NE(e.find(m.delta->key + ": record page 0 sha256 differs from its hash (corrupt object)"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos);
+    EXPECT_EQ(ranks.receivers[r]->version(), 1u);
+  }
+  EXPECT_TRUE(ranks.holds(before));
 }

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 
 namespace {
 

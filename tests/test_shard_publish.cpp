@@ -11,11 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "codec/compact_indexed.hpp"
 #include "codec/delta_io.hpp"
 #include "codec/digest.hpp"
 #include "core/placement.hpp"
 #include "engine/cpu_sync_engine.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 #include "store/store.hpp"
 #include "sync/mapped_receiver.hpp"
 #include "sync/range_hashes.hpp"
@@ -145,7 +146,7 @@ struct World {
   std::vector<size_t> receipt_bytes;
 
   World(std::shared_ptr<Store> s, std::vector<Layout> l, uint64_t world, std::string format, std::string run_id = "",
-        bool take_over = false)
+        bool take_over = false, uint32_t compact_layout = compact::kDefaultLayout)
       : layout(std::move(l)), store(std::move(s)) {
     for (size_t t = 0; t < layout.size(); ++t) {
       meta.push_back(TensorMeta{"layers." + std::to_string(t) + ".weight", layout[t].dtype, layout[t].shape});
@@ -157,6 +158,7 @@ struct World {
     o.anchor_share = 0;  // anchors by count only: versions 1 and 5
     o.run_id = run_id;
     o.take_over = take_over;
+    o.compact_layout = compact_layout;
     // Rank 0 claims once; every rank gets the outcome through its wire form, as the broadcast carries it.
     const ClaimOutcome claim = claim_from_json(claim_to_json(claim_for_group(*store, o)), "claim");
     ranks.resize(world);
@@ -671,32 +673,47 @@ TEST(ShardRead, RefusesPartsThatOverlapLeaveAGapOrLeaveTheirPlacement) {
   // A compact part needs host weights to decode against.
 }
 
-// A part names only the tensors its rank changed (manifest format 3): its tensor table,
-// tensor_shapes, changed_params and digests grow with its changes, not with the model, and a rank
-// that changed nothing uploads a part naming no tensor.
+// A part names only the tensors its rank changed (manifest format 3): in container layout 1 its
+// tensor table, tensor_shapes, changed_params and digests grow with its changes, not with the
+// model; in the indexed layout its header names no tensor and it holds one record per changed
+// tensor. A rank that changed nothing uploads a part of no tensor (no record).
 TEST(ShardRead, PartsNameOnlyTheTensorsTheyChange) {
-  TempDir dir;
-  World w(open_store(dir.path().string()), mixed_layout(), 2, "compact");
-  ASSERT_TRUE(w.publish(1).committed);
-  w.full[0][0] ^= 1;  // one element of layers.0.weight, in rank 0's rows
-  ASSERT_TRUE(w.publish(2).committed);
-  protocol::Catalog catalog(*w.store);
-  const protocol::Manifest m = *catalog.find(2);
-  ASSERT_EQ(m.delta_parts.size(), 2u);
-  EXPECT_EQ(nlohmann::json::parse(to_json(m))["format_version"], 3);
-  const st::File changed = st::File::from_bytes(w.store->get(m.delta_parts[0].object.key), "part 0");
-  const st::File unchanged = st::File::from_bytes(w.store->get(m.delta_parts[1].object.key), "part 1");
-  EXPECT_EQ(changed.tensors().size(), 2u);  // layers.0.weight.cindex and .cdata
-  EXPECT_EQ(changed.metadata().at("changed_params"), "[\"layers.0.weight\"]");
-  EXPECT_EQ(nlohmann::json::parse(changed.metadata().at("tensor_shapes")).size(), 1u);
-  EXPECT_EQ(nlohmann::json::parse(changed.metadata().at("base_digests")).size(), 1u);
-  EXPECT_FALSE(changed.metadata().contains(shard_keys::kUnchangedDigests));
-  EXPECT_TRUE(unchanged.tensors().empty());
-  EXPECT_EQ(nlohmann::json::parse(unchanged.metadata().at("tensor_shapes")).size(), 0u);
-  HostModel follower;
-  Subscriber sub(*w.store);
-  sub.sync(follower);
-  expect_same_bits(follower, w);
+  for (const uint32_t layout : {compact::kLayout1, compact::kLayout2}) {
+    SCOPED_TRACE("compact_layout " + std::to_string(layout));
+    TempDir dir;
+    World w(open_store(dir.path().string()), mixed_layout(), 2, "compact", "", false, layout);
+    ASSERT_TRUE(w.publish(1).committed);
+    w.full[0][0] ^= 1;  // one element of layers.0.weight, in rank 0's rows
+    ASSERT_TRUE(w.publish(2).committed);
+    protocol::Catalog catalog(*w.store);
+    const protocol::Manifest m = *catalog.find(2);
+    ASSERT_EQ(m.delta_parts.size(), 2u);
+    EXPECT_EQ(nlohmann::json::parse(to_json(m))["format_version"], 3);
+    const st::File changed = st::File::from_bytes(w.store->get(m.delta_parts[0].object.key), "part 0");
+    const st::File unchanged = st::File::from_bytes(w.store->get(m.delta_parts[1].object.key), "part 1");
+    if (layout == compact::kLayout1) {
+      EXPECT_EQ(changed.tensors().size(), 2u);  // layers.0.weight.cindex and .cdata
+      EXPECT_EQ(changed.metadata().at("changed_params"), "[\"layers.0.weight\"]");
+      EXPECT_EQ(nlohmann::json::parse(changed.metadata().at("tensor_shapes")).size(), 1u);
+      EXPECT_EQ(nlohmann::json::parse(changed.metadata().at("base_digests")).size(), 1u);
+      EXPECT_TRUE(unchanged.tensors().empty());
+      EXPECT_EQ(nlohmann::json::parse(unchanged.metadata().at("tensor_shapes")).size(), 0u);
+    } else {
+      EXPECT_EQ(changed.at(compact::indexed::kRecords).nbytes(), compact::indexed::kRecordBytes);
+      EXPECT_EQ(unchanged.at(compact::indexed::kRecords).nbytes(), 0u);
+      EXPECT_EQ(changed.metadata().at(std::string(compact::indexed::kTableTensorsKey)), std::to_string(w.meta.size()));
+      for (const st::File* f : {&changed, &unchanged}) {
+        EXPECT_FALSE(f->metadata().contains("changed_params"));
+        EXPECT_FALSE(f->metadata().contains("tensor_shapes"));
+        EXPECT_FALSE(f->metadata().contains("base_digests"));
+      }
+    }
+    EXPECT_FALSE(changed.metadata().contains(shard_keys::kUnchangedDigests));
+    HostModel follower;
+    Subscriber sub(*w.store);
+    sub.sync(follower);
+    expect_same_bits(follower, w);
+  }
 }
 
 // The placements stay patterns in memory (never parts x tensors); an overlap is refused when the
@@ -1145,7 +1162,9 @@ TEST_P(OldStores, PartsWrittenInTheOldFormAreStillRead) {
     DeltaInfo info;
     integrity::put_delta_digests(info, promised);
     if (!unchanged.empty()) integrity::put_digest_map(info.extra, shard_keys::kUnchangedDigests, unchanged);
-    const std::vector<uint8_t> old_form = serialize_delta(parse_delta_format(format), w.meta, all.view(), info);
+    compact::Options layout1;  // the container parts had then
+    layout1.layout = compact::kLayout1;
+    const std::vector<uint8_t> old_form = serialize_delta(parse_delta_format(format), w.meta, all.view(), info, layout1);
     m.delta_parts[k].object =
         ranged::put_delta_object(*w.store, protocol::delta_key(2, protocol::new_nonce()), old_form, parse_delta_format(format));
     const st::File written = st::File::from_bytes(std::vector<uint8_t>(old_form), "old part");

@@ -1,24 +1,28 @@
-// deltasync-ranged-plan: where a tensor-parallel rank's bytes go when it reads a sealed compact
-// delta by ranges (docs/stores.md, "Ranged reads"), counted by the subscriber's own planner
-// (sync/ranged_plan.hpp) on the header and block indexes of a real encoded and sealed delta --
-// no store, no receiver, so a table of block sizes and band options takes seconds, not minutes.
+// deltasync-ranged-plan: where a tensor-parallel rank's bytes go when it reads a compact delta by
+// ranges (docs/stores.md, "Ranged reads"), counted by the subscriber's own ranged reader
+// (ranged::read_needed, sync/ranged_fetch.hpp) over the bytes of a real encoded delta in memory --
+// no store, no receiver, so a table of block sizes, layouts and request costs takes seconds, not
+// minutes.
 //
 // The delta: a Qwen3-0.6B-shaped tensor table (what benchmarks/ranged_fetch.py publishes: the
 // stand-in's Hugging Face names and order, tied embeddings), --share of every tensor's elements
-// moved by one ulp, with base and result digests in its metadata as a publisher writes them,
-// encoded by the compact codec and sealed by ranged::seal. Each rank's needed elements follow
-// vLLM's tensor-parallel split as the stand-in of tests/python/vllm_standin.py makes it:
-// column-parallel q/k/v and gate/up on dim 0, row-parallel o_proj/down_proj on dim 1,
-// vocabulary-parallel embeddings on dim 0 (padded to 64 rows), norms replicated.
+// moved by one ulp, with base and result digests as a publisher writes them, encoded by the compact
+// codec in container layout 1 (sealed by ranged::seal) or 2 (the indexed layout). Each rank's
+// needed elements follow vLLM's tensor-parallel split as the stand-in of
+// tests/python/vllm_standin.py makes it: column-parallel q/k/v and gate/up on dim 0, row-parallel
+// o_proj/down_proj on dim 1, vocabulary-parallel embeddings on dim 0 (padded to 64 rows), norms
+// replicated.
 //
-// Per tensor kind (the planner run on that kind's tensors alone) the bytes above the rank's own
-// share are split into: the index reads (the .cindex entries, rounded to chunks), block rounding
-// (bytes of chosen blocks that hold changes of other ranks), chunk rounding (bytes of the chunks
-// around the chosen blocks that are not theirs); the header is every rank's. "Ideal" is the
-// rank's share of the kind's payload bytes (its changes' fraction of each tensor's .cdata).
+// Per tensor kind (the reader run on that kind's tensors alone) a rank's bytes are split into: the
+// first reads (the header; in the indexed layout the presence bitmap and page hashes), the index reads (layout 1: the .cindex entries in whole
+// chunks; layout 2: the record pages and block index entries) and the block reads (chosen blocks,
+// in whole chunks in layout 1, and the gaps read through). "Ideal" is the rank's share of the
+// kind's block bytes (its changes' fraction of each tensor's payload); the share of the kind is
+// its index and block reads over the kind's block indexes and payloads.
 //
-//   deltasync-ranged-plan [--layers 28] [--share 0.01] [--blocks 16384,2048] [--tp 2,4] [--max-tiles 1,8]
-// (--max-tiles: the codec's max_tiles, one run each; 1 is the layout without tiles)
+//   deltasync-ranged-plan [--layers 28] [--share 0.01] [--blocks 16384,2048] [--tp 2,4] [--max-tiles 8]
+//                         [--layouts 1,2] [--gap-bytes 0,16384]
+// (--max-tiles: the codec's max_tiles, 1 is the layout without tiles; --gap-bytes: the request costs)
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -32,8 +36,10 @@
 #include "core/error.hpp"
 #include "core/parse_number.hpp"
 #include "engine/integrity.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
+#include "codec/compact_table.hpp"
 #include "sync/range_hashes.hpp"
+#include "sync/ranged_fetch.hpp"
 #include "sync/ranged_plan.hpp"
 
 using namespace deltasync;
@@ -126,12 +132,16 @@ SparseDelta make_delta(const std::vector<Tensor>& table, double share, uint64_t 
   return d;
 }
 
-struct Sealed {
+// The delta as the publisher uploads it (layout 1 sealed with chunk hashes; the indexed layout as
+// written), its reference and its payload bytes per tensor.
+struct Object {
   std::vector<uint8_t> bytes;
-  ranged::SealedHeader header;
+  protocol::ObjectRef ref;
+  uint64_t header_bytes = 0;
+  std::map<std::string, uint64_t> payload, index;  // per changed tensor: its blocks' and its block index's bytes
 };
 
-Sealed encode_and_seal(const std::vector<Tensor>& table, const SparseDelta& delta, const compact::Options& options) {
+Object encode_and_upload(const std::vector<Tensor>& table, const SparseDelta& delta, const compact::Options& options) {
   std::vector<TensorMeta> metas;
   for (const Tensor& t : table) metas.push_back(t.meta);
   integrity::DeltaDigests dd;
@@ -145,19 +155,21 @@ Sealed encode_and_seal(const std::vector<Tensor>& table, const SparseDelta& delt
   }
   DeltaInfo info;
   integrity::put_delta_digests(info, dd);
-  const std::vector<uint8_t> file = compact::serialize_compact_delta(metas, delta.view(), info, options);
-  Sealed s;
-  s.bytes = ranged::seal(file, "delta");
-  protocol::ObjectRef ref{"delta", s.bytes.size(), "", ""};
-  const uint64_t prefix = ranged::header_prefix_bytes(s.bytes, s.bytes.size(), "delta");
-  ref.header_sha256 = sha256_hex(std::span<const uint8_t>(s.bytes).first(prefix));
-  s.header = ranged::read_sealed_header(std::span<const uint8_t>(s.bytes).first(prefix), ref, "delta");
-  return s;
+  Object o;
+  o.bytes = ranged::seal(compact::serialize_compact_delta(metas, delta.view(), info, options), "delta");
+  o.header_bytes = ranged::header_prefix_bytes(o.bytes, o.bytes.size(), "delta");
+  o.ref = protocol::ObjectRef{"delta", o.bytes.size(), "", sha256_hex(std::span<const uint8_t>(o.bytes).first(o.header_bytes))};
+  const st::File file = st::File::from_bytes(o.bytes, "delta");
+  for (const compact::EncodedTensorView& e : compact::read_compact_file(file, metas).tensors) {
+    o.payload[std::string(e.name)] = e.payload.size();
+    o.index[std::string(e.name)] = e.block_index.size();
+  }
+  return o;
 }
 
 // "KEY N, ..., tensor entries N": what the header's bytes are made of.
-std::string header_composition(const Sealed& s) {
-  const auto j = nlohmann::ordered_json::parse(s.bytes.begin() + 8, s.bytes.begin() + static_cast<std::ptrdiff_t>(s.header.data_offset));
+std::string header_composition(const Object& o) {
+  const auto j = nlohmann::ordered_json::parse(o.bytes.begin() + 8, o.bytes.begin() + static_cast<std::ptrdiff_t>(o.header_bytes));
   std::string out;
   uint64_t entries = 0;
   for (const auto& [key, value] : j.items()) {
@@ -171,14 +183,13 @@ std::string header_composition(const Sealed& s) {
 }
 
 struct Breakdown {
-  uint64_t ideal = 0, index = 0;
-  int64_t block_rounding = 0;  // negative by a few bytes where the ideal's integer shares round up
-  uint64_t chunk_rounding = 0, total = 0;
+  uint64_t ideal = 0;  // the rank's changes' share of the kinds' block bytes
+  ranged::RangedDelta read;
 };
 
-// The planner on the tensors of `kinds` only; ideal = the rank's share of their payload bytes.
-Breakdown plan(const std::vector<Tensor>& table, const SparseDelta& delta, const Sealed& s, uint64_t rank, uint64_t tp,
-               std::initializer_list<Kind> kinds) {
+// The subscriber's ranged reader on the tensors of `kinds` only, through an in-memory ranged GET.
+Breakdown plan(const std::vector<Tensor>& table, const compact::TensorTable& tensor_table, const SparseDelta& delta, const Object& o,
+               uint64_t rank, uint64_t tp, uint64_t gap, std::initializer_list<Kind> kinds) {
   ranged::NeededRanges needed;
   Breakdown b;
   const DeltaView view = delta.view();
@@ -194,26 +205,13 @@ Breakdown plan(const std::vector<Tensor>& table, const SparseDelta& delta, const
       while (k < spans.size() && spans[k].end <= p) ++k;
       if (k < spans.size() && spans[k].begin <= p) ++mine;
     }
-    if (const st::TensorInfo* data = s.header.find(table[t].meta.name + ".cdata"); data && view.count(t) > 0)
-      b.ideal += data->nbytes() * mine / view.count(t);
+    if (const auto it = o.payload.find(table[t].meta.name); it != o.payload.end()) b.ideal += it->second * mine / view.count(t);
     needed.emplace(table[t].meta.name, ranged::NeededTensor{table[t].meta.shape, std::move(spans)});
   }
-  const auto cindex = [&](const std::string& name) {
-    const st::TensorInfo* t = s.header.find(name + ".cindex");
-    return std::span<const uint8_t>(s.bytes).subspan(s.header.data_offset + t->begin, t->nbytes());
+  const ranged::RangeGet get = [&](uint64_t offset, uint64_t length) {
+    return std::vector<uint8_t>(o.bytes.begin() + static_cast<std::ptrdiff_t>(offset), o.bytes.begin() + static_cast<std::ptrdiff_t>(offset + length));
   };
-  const ranged::ObjectReadPlan p = ranged::plan_object_reads(s.header, needed, {}, cindex, "delta");
-  uint64_t chosen = 0;
-  for (const auto& reads : p.blocks)
-    for (const auto& r : reads.ranges) chosen += r.length;
-  uint64_t block_chunks = 0;
-  for (const auto& r : p.block_chunks) block_chunks += r.length;
-  for (const auto& r : p.index_chunks) b.index += r.length;
-  b.block_rounding = static_cast<int64_t>(chosen) - static_cast<int64_t>(b.ideal);
-  // Chunks the index reads brought are not read again; what the block chunks add beyond the
-  // chosen blocks' own bytes is chunk rounding (negative when an index chunk carried blocks).
-  b.chunk_rounding = block_chunks - std::min(block_chunks, chosen);
-  b.total = p.bytes() - p.header_bytes;
+  b.read = ranged::read_needed(get, o.ref, needed, {}, {&tensor_table, gap}, "delta");
   return b;
 }
 
@@ -240,7 +238,8 @@ int main(int argc, char** argv) try {
   uint64_t layers = 28;
   double share = 0.01;
   std::vector<uint64_t> blocks{16384, 2048}, tps{2, 4};
-  std::vector<uint64_t> max_tiles{1, compact::kDefaultMaxTiles};
+  std::vector<uint64_t> max_tiles{compact::kDefaultMaxTiles}, layouts{compact::kLayout1, compact::kLayout2};
+  std::vector<uint64_t> gaps{0, ranged::kDefaultGapBytes};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--layers") layers = parse_decimal<uint64_t>(value, flag, ErrorKind::kInvalidArgument);
@@ -248,9 +247,14 @@ int main(int argc, char** argv) try {
     else if (flag == "--blocks") blocks = numbers(value, flag);
     else if (flag == "--tp") tps = numbers(value, flag);
     else if (flag == "--max-tiles") max_tiles = numbers(value, flag);
-    else throw Error("unknown option " + flag + " (--layers, --share, --blocks, --tp, --max-tiles)", ErrorKind::kInvalidArgument);
+    else if (flag == "--layouts") layouts = numbers(value, flag);
+    else if (flag == "--gap-bytes") gaps = numbers(value, flag);
+    else throw Error("unknown option " + flag + " (--layers, --share, --blocks, --tp, --max-tiles, --layouts, --gap-bytes)", ErrorKind::kInvalidArgument);
   }
   const std::vector<Tensor> table = qwen3_table(layers);
+  std::vector<TensorMeta> metas;
+  for (const Tensor& t : table) metas.push_back(t.meta);
+  const compact::TensorTable tensor_table(metas);
   const SparseDelta delta = make_delta(table, share, 1);
   uint64_t params = 0;
   for (const Tensor& t : table) params += t.meta.numel();
@@ -258,48 +262,45 @@ int main(int argc, char** argv) try {
               "ulp: %llu changes.\n\n",
               static_cast<unsigned long long>(layers), params / 1e6, share * 100,
               static_cast<unsigned long long>(delta.view().total_changed()));
-  std::printf("| block elements | max tiles | delta bytes | header | TP | rank | kind | ideal | index reads | block rounding | "
-              "chunk rounding | share of the kind | share of the delta |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (uint64_t block : blocks) {
-    for (const uint64_t most : max_tiles) {
-      compact::Options options;
-      options.block_elements = static_cast<uint32_t>(block);
-      options.max_tiles = static_cast<uint32_t>(most);
-      const std::string tiling = std::to_string(most);
-      const Sealed s = encode_and_seal(table, delta, options);
-      const uint64_t whole = s.bytes.size();
-      std::fprintf(stderr, "blocks %llu, tiles %s: header %llu bytes: %s\n", static_cast<unsigned long long>(block), tiling.c_str(),
-                   static_cast<unsigned long long>(s.header.data_offset), header_composition(s).c_str());
-      for (uint64_t tp : tps) {
-        for (uint64_t rank = 0; rank < tp; ++rank) {
-          for (Kind kind : kKinds) {
-            const Breakdown b = plan(table, delta, s, rank, tp, {kind});
-            // The kind's whole payload + indexes: its share is of those.
-            uint64_t kind_bytes = 0;
-            for (const Tensor& t : table)
-              if (t.kind == kind)
-                for (const char* suffix : {".cindex", ".cdata"})
-                  if (const st::TensorInfo* e = s.header.find(t.meta.name + suffix)) kind_bytes += e->nbytes();
-            std::printf("| %llu | %s | %llu | %llu | %llu | %llu | %s | %llu | %llu | %lld | %llu | %s | %s |\n",
-                        static_cast<unsigned long long>(block), tiling.c_str(),
-                        static_cast<unsigned long long>(whole), static_cast<unsigned long long>(s.header.data_offset),
-                        static_cast<unsigned long long>(tp), static_cast<unsigned long long>(rank), kind_name(kind),
-                        static_cast<unsigned long long>(b.ideal), static_cast<unsigned long long>(b.index),
-                        static_cast<long long>(b.block_rounding), static_cast<unsigned long long>(b.chunk_rounding),
-                        pct(b.total, kind_bytes).c_str(), pct(b.total, whole).c_str());
-          }
-          const Breakdown all = plan(table, delta, s, rank, tp, {Kind::Vocab, Kind::Column, Kind::Row, Kind::Replicated});
-          std::printf("| %llu | %s | %llu | %llu | %llu | %llu | **whole delta** | %llu | %llu | %lld | %llu | | **%s** |\n",
-                      static_cast<unsigned long long>(block), tiling.c_str(),
-                      static_cast<unsigned long long>(whole), static_cast<unsigned long long>(s.header.data_offset),
-                      static_cast<unsigned long long>(tp), static_cast<unsigned long long>(rank),
-                      static_cast<unsigned long long>(all.ideal), static_cast<unsigned long long>(all.index),
-                      static_cast<long long>(all.block_rounding), static_cast<unsigned long long>(all.chunk_rounding),
-                      pct(all.total + s.header.data_offset, whole).c_str());
-        }
+  std::printf("| block elements | max tiles | layout | gap | delta bytes | header | TP | rank | kind | ideal | first read | index reads | "
+              "block reads | requests | share of the kind | share of the delta |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (uint64_t block : blocks)
+    for (const uint64_t most : max_tiles)
+      for (const uint64_t layout : layouts) {
+        compact::Options options;
+        options.block_elements = static_cast<uint32_t>(block);
+        options.max_tiles = static_cast<uint32_t>(most);
+        options.layout = static_cast<uint32_t>(layout);
+        const Object o = encode_and_upload(table, delta, options);
+        const uint64_t whole = o.bytes.size();
+        std::fprintf(stderr, "blocks %llu, tiles %llu, layout %llu: header %llu bytes: %s\n", static_cast<unsigned long long>(block),
+                     static_cast<unsigned long long>(most), static_cast<unsigned long long>(layout),
+                     static_cast<unsigned long long>(o.header_bytes), header_composition(o).c_str());
+        for (const uint64_t gap : gaps)
+          for (uint64_t tp : tps)
+            for (uint64_t rank = 0; rank < tp; ++rank) {
+              auto row = [&](const char* kind, const Breakdown& b, const std::string& kind_share, const std::string& delta_share) {
+                std::printf("| %llu | %llu | %llu | %llu | %llu | %llu | %llu | %llu | %s | %llu | %llu | %llu | %llu | %llu | %s | %s |\n",
+                            static_cast<unsigned long long>(block), static_cast<unsigned long long>(most),
+                            static_cast<unsigned long long>(layout), static_cast<unsigned long long>(gap), static_cast<unsigned long long>(whole),
+                            static_cast<unsigned long long>(o.header_bytes), static_cast<unsigned long long>(tp),
+                            static_cast<unsigned long long>(rank), kind, static_cast<unsigned long long>(b.ideal),
+                            static_cast<unsigned long long>(b.read.head_bytes), static_cast<unsigned long long>(b.read.index_bytes),
+                            static_cast<unsigned long long>(b.read.block_bytes), static_cast<unsigned long long>(b.read.requests),
+                            kind_share.c_str(), delta_share.c_str());
+              };
+              for (Kind kind : kKinds) {
+                const Breakdown b = plan(table, tensor_table, delta, o, rank, tp, gap, {kind});
+                // The kind's block indexes and payloads: its share is of those (beyond the first read).
+                uint64_t kind_bytes = 0;
+                for (const Tensor& t : table)
+                  if (t.kind == kind && o.payload.count(t.meta.name)) kind_bytes += o.payload.at(t.meta.name) + o.index.at(t.meta.name);
+                row(kind_name(kind), b, pct(b.read.index_bytes + b.read.block_bytes, kind_bytes), "");
+              }
+              const Breakdown all = plan(table, tensor_table, delta, o, rank, tp, gap, {Kind::Vocab, Kind::Column, Kind::Row, Kind::Replicated});
+              row("**whole delta**", all, "", "**" + pct(all.read.bytes_fetched, whole) + "**");
+            }
       }
-    }
-  }
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "deltasync-ranged-plan: %s\n", e.what());

@@ -1,7 +1,10 @@
 // An in-memory store for the scale model that counts every request per actor (a publisher rank,
 // rank 0's commit, a receiver rank). Objects under `drop_prefix` (the anchors) keep only their
-// size: the model's anchor is ~2 GB at this scale and nothing in the run reads it back.
+// size: the model's anchor is ~2 GB at this scale and nothing in the run reads it back. An object
+// put with put_head keeps its first bytes only and reads as zeros after them (the full-width index
+// parts, whose payloads are zeros: index_parts.hpp).
 #pragma once
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,6 +36,14 @@ class CountingStore final : public Store {
     o.bytes = key.rfind(drop_prefix_, 0) == 0 ? std::vector<uint8_t>{} : std::vector<uint8_t>(bytes.begin(), bytes.end());
     o.etag = std::to_string(++tag_);
   }
+  void put_head(const std::string& key, std::vector<uint8_t> head, uint64_t size) {
+    ++actor_->put;
+    actor_->bytes_up += size;
+    Object& o = objects_[key];
+    o.size = size;
+    o.bytes = std::move(head);
+    o.etag = std::to_string(++tag_);
+  }
   bool put_if_absent(const std::string& key, std::span<const uint8_t> bytes) override {
     if (objects_.count(key)) {
       ++actor_->put;
@@ -60,10 +71,13 @@ class CountingStore final : public Store {
   std::vector<uint8_t> get_range(const std::string& key, uint64_t offset, uint64_t length) override {
     ++actor_->get;
     const Object& o = find(key);
-    if (offset >= o.bytes.size()) return {};
-    const uint64_t n = std::min<uint64_t>(length, o.bytes.size() - offset);
+    if (offset >= o.size) return {};
+    const uint64_t n = std::min<uint64_t>(length, o.size - offset);
     actor_->bytes_down += n;
-    return std::vector<uint8_t>(o.bytes.begin() + offset, o.bytes.begin() + offset + n);
+    std::vector<uint8_t> out(n, 0);  // zeros past what is kept
+    if (offset < o.bytes.size())
+      std::copy(o.bytes.begin() + offset, o.bytes.begin() + offset + std::min<uint64_t>(n, o.bytes.size() - offset), out.begin());
+    return out;
   }
   ConditionalGet get_if_changed(const std::string& key, const std::string& etag) override {
     ++actor_->get;

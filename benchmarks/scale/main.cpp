@@ -9,15 +9,19 @@
 // int64 halves (split_partials / join_partials); rank 0 commits with commit_parts (placements
 // derived from the rules, tiling checks, commit_version); the manifest is written and parsed by the
 // protocol's code; a subscriber plans with Catalog + plan_catch_up; each receiver rank plans its
-// ranged reads with ranged::plan_delta_reads from the parts' sealed headers (read from the store)
-// and block indexes.
+// ranged reads with the subscriber's own ranged reader (ranged::read_needed) on every part, through
+// the counting store: its bytes and requests, at one or more request costs (--gap-bytes).
 // What is simulated: the ranks run one after another in this process (each rank's publisher lives
 // for its two versions, then goes: 256 publishers at once would hold 256 copies of the table);
 // the gather is files on disk and the reduce a sum in this process; rank r concludes version 1
 // with the outcome rank 0 computes only after every rank ran (checked to match); the store is in
 // memory and keeps only the sizes of the anchor objects. --manifest-only publishes nothing: every
 // rank's receipt is made from its table (describe_table) with placeholder objects, so rank 0's
-// commit, the manifest and the placement side of planning run at the full table.
+// commit, the manifest and the placement side of planning run at the full table. --index-parts
+// (with --manifest-only, best with --divisor 1) also writes every rank's delta part of the indexed
+// layout up to its payloads (index_parts.hpp: real headers, records and block index entries at the
+// table's width, the payloads zeros the store does not keep), so that the receivers' reads of a
+// full-width version are measured.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -33,11 +37,17 @@
 
 #include "core/error.hpp"
 #include "engine/cpu_sync_engine.hpp"
+#include "codec/compact_indexed.hpp"
+#include "codec/compact_table.hpp"
+#include "core/parse_number.hpp"
+#include "format/sha256.hpp"
 #include "scale/counting_store.hpp"
+#include "scale/index_parts.hpp"
 #include "scale/model_table.hpp"
 #include "format/safetensors.hpp"
 #include "sync/protocol.hpp"
 #include "sync/range_hashes.hpp"
+#include "sync/ranged_fetch.hpp"
 #include "sync/ranged_plan.hpp"
 #include "sync/shard_publish.hpp"
 
@@ -56,6 +66,9 @@ struct Options {
   // No publishing: every rank's receipt from its table with placeholder objects (part sizes of
   // realistic-cpu's 1.236 B per change), committed and measured like a published version.
   bool manifest_only = false;
+  bool index_parts = false;  // with manifest_only: the parts' heads at the table's width (index_parts.hpp)
+  uint32_t compact_layout = compact::kDefaultLayout;
+  std::vector<uint64_t> gaps{ranged::kDefaultGapBytes};  // the receivers' request costs, in bytes
   std::string work = "/tmp/deltasync-scale-model";
 };
 
@@ -116,6 +129,8 @@ ranged::NeededTensor needed_of(const Placement& p, const std::vector<uint64_t>& 
   return n;
 }
 
+std::string kib(uint64_t bytes) { return bytes % 1024 ? std::to_string(bytes) + " B" : std::to_string(bytes / 1024) + " KiB"; }
+
 std::string gb(double bytes) {
   char buf[64];
   if (bytes >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", bytes / 1e9);
@@ -144,6 +159,17 @@ Options parse(int argc, char** argv) {
     else if (a == "--no-per-part-form") o.per_part_form = false;
     else if (a == "--work") o.work = next();
     else if (a == "--manifest-only") o.manifest_only = true;
+    else if (a == "--index-parts") o.manifest_only = o.index_parts = true;
+    else if (a == "--compact-layout") o.compact_layout = static_cast<uint32_t>(std::stoul(next()));
+    else if (a == "--gap-bytes") {
+      o.gaps.clear();
+      const std::string list = next();
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        o.gaps.push_back(parse_decimal<uint64_t>(list.substr(at, comma - at), "--gap-bytes", ErrorKind::kInvalidArgument));
+        at = comma + 1;
+      }
+    }
     else throw Error("unknown option " + a + " (see benchmarks/README.md: deltasync-scale-model)", ErrorKind::kInvalidArgument);
   }
   return o;
@@ -187,6 +213,10 @@ int run(const Options& o) {
   PublisherOptions popts;
   popts.run_id = "scale-model";
   popts.keep_anchors = 0;
+  popts.compact_layout = o.compact_layout;
+  std::vector<TensorMeta> metas;
+  for (const auto& t : table) metas.push_back(t.meta);
+  const compact::TensorTable tensor_table(metas);  // the receivers' model, and the index parts' table
   store->act_as("claim");
   const ClaimOutcome claim = claim_for_group(*store, popts);
   if (!claim.fence) throw Error("claim refused: " + claim.error);
@@ -234,7 +264,15 @@ int run(const Options& o) {
       v2.version = 2;
       v2.base_version = 1;
       v2.changed = static_cast<uint64_t>(held * o.changed);
-      if (held) {
+      if (held && o.index_parts) {
+        // The part up to its payloads, as the publisher's indexed layout writes it.
+        const std::string key = protocol::delta_key(2, protocol::new_nonce());
+        sm::IndexPart part = sm::index_part(tensor_table, tensors, r, o.changed, 1.236, compact_options(popts));
+        const uint64_t prefix = ranged::header_prefix_bytes(part.head, part.size, key);
+        v2.changed = part.changes;
+        v2.delta = protocol::ObjectRef{key, part.size, sha, sha256_hex(std::span<const uint8_t>(part.head).first(prefix))};
+        store->put_head(key, std::move(part.head), part.size);
+      } else if (held) {
         const std::string key = protocol::delta_key(2, protocol::new_nonce());
         store->put(key, placeholder);
         v2.delta = protocol::ObjectRef{key, static_cast<uint64_t>(v2.changed * 1.236), sha};
@@ -349,28 +387,41 @@ int run(const Options& o) {
   const protocol::Manifest& m2 = *catalog.find(2);
   const std::vector<protocol::ObjectRef> objects = protocol::delta_objects(m2);
 
-  // 5. The parts' headers (what every ranged reader reads of every part).
-  uint64_t header_sum = 0, header_max = 0, changed_tensors_sum = 0;
-  if (!o.manifest_only)
+  // 5. The parts' headers (what every ranged reader reads of every part) and, in the indexed
+  // layout, their index sections (bitmap, page hashes, records, block index entries).
+  const bool have_parts = !o.manifest_only || o.index_parts;
+  uint64_t header_sum = 0, header_max = 0, changed_tensors_sum = 0, index_sum = 0, records_sum = 0;
+  if (have_parts)
     for (const auto& ref : objects) {
       const std::span<const uint8_t> bytes = store->bytes_of(ref.key);
       const uint64_t prefix = ranged::header_prefix_bytes(bytes.first(8), ref.size, ref.key);
       header_sum += prefix;
       header_max = std::max(header_max, prefix);
-      const st::File file = st::File::from_bytes(std::vector<uint8_t>(bytes.begin(), bytes.end()), ref.key);
-      changed_tensors_sum += file.tensors().size() / 2;  // NAME.cindex + NAME.cdata
+      const ranged::SealedHeader h = ranged::read_sealed_header(bytes.first(prefix), ref, ref.key);
+      if (const st::TensorInfo* records = h.find(compact::indexed::kRecords)) {
+        changed_tensors_sum += records->nbytes() / compact::indexed::kRecordBytes;
+        records_sum += records->nbytes();
+        index_sum += h.find(compact::indexed::kIndex)->end - h.find(compact::indexed::kPresent)->begin;
+      } else {
+        changed_tensors_sum += h.tensors.size() / 2;  // NAME.cindex + NAME.cdata
+      }
     }
 
   // 6. Each receiver rank (TP = EP = receiver_tp): the parts' placements it meets (the manifest side
-  // of planning: one lookup per part and tensor it needs), then -- with published parts -- the
-  // ranged planner on the parts' sealed headers (two reads each) and block indexes: its bytes and
-  // requests. And the changes inside its positions (what any fetch must carry at least).
+  // of planning: one lookup per part and tensor it needs), then -- with parts in the store -- the
+  // subscriber's ranged reader on every part (ranged::read_needed through the counting store, at
+  // each request cost of --gap-bytes): its bytes and requests. And the changes inside its positions
+  // (what any fetch must carry at least).
   const double bytes_per_change = double(m2.delta_bytes()) / double(std::max<uint64_t>(m2.changed_elements, 1));
+  struct Reads {
+    uint64_t head_bytes = 0, index_bytes = 0, block_bytes = 0, requests = 0;
+    double seconds = 0;
+    uint64_t bytes() const { return head_bytes + index_bytes + block_bytes; }
+  };
   struct ReceiverRank {
     uint64_t pairs = 0, changes = 0;
-    uint64_t header_bytes = 0, index_bytes = 0, block_bytes = 0, requests = 0;
-    double lookup_s = 0, plan_s = 0;
-    uint64_t bytes() const { return header_bytes + index_bytes + block_bytes; }
+    double lookup_s = 0;
+    std::vector<Reads> reads;  // per gap
   };
   std::vector<ReceiverRank> rx(o.receiver_tp);
   for (uint64_t q = 0; q < o.receiver_tp; ++q) {
@@ -383,31 +434,28 @@ int run(const Options& o) {
     for (size_t k = 0; k < m2.delta_parts.size(); ++k)
       for (const auto& [name, want] : needed) rx[q].pairs += ranged::placement_overlaps(m2.part_placements.placement(name, k), want.spans);
     rx[q].lookup_s = now_s() - t0;
-    if (!o.manifest_only) {
-      store->act_as("receiver " + std::to_string(q));
+    for (const uint64_t gap : have_parts ? o.gaps : std::vector<uint64_t>{}) {
+      store->act_as("receiver " + std::to_string(q) + " gap " + std::to_string(gap));
+      Reads r;
       t0 = now_s();
-      std::vector<ranged::SealedHeader> headers;
-      for (const auto& ref : objects) {
-        std::vector<uint8_t> prefix = store->get_range(ref.key, 0, 8);
-        const uint64_t n = ranged::header_prefix_bytes(prefix, ref.size, ref.key);
-        const std::vector<uint8_t> rest = store->get_range(ref.key, 8, n - 8);
-        prefix.insert(prefix.end(), rest.begin(), rest.end());
-        headers.push_back(ranged::read_sealed_header(prefix, ref, ref.key));
+      for (size_t k = 0; k < objects.size(); ++k) {
+        const ranged::RangeGet get = [&](uint64_t offset, uint64_t length) { return store->get_range(objects[k].key, offset, length); };
+        const ranged::RangedDelta d = ranged::read_needed(get, objects[k], needed, ranged::PartScope{&m2.part_placements, k},
+                                                          ranged::ReadOptions{&tensor_table, gap}, objects[k].key);
+        r.head_bytes += d.head_bytes;
+        r.index_bytes += d.index_bytes;
+        r.block_bytes += d.block_bytes;
+        r.requests += d.requests;
       }
-      const auto plans = ranged::plan_delta_reads(m2, headers, needed, [&](size_t k, const std::string& tensor) {
-        const st::TensorInfo* info = headers[k].find(tensor + ".cindex");
-        return store->bytes_of(objects[k].key).subspan(headers[k].data_offset + info->begin, info->nbytes());
-      });
-      rx[q].plan_s = now_s() - t0;
-      for (const auto& plan : plans) {
-        rx[q].header_bytes += plan.header_bytes;
-        for (const auto& r : plan.index_chunks) rx[q].index_bytes += r.length;
-        for (const auto& r : plan.block_chunks) rx[q].block_bytes += r.length;
-        rx[q].requests += plan.requests() + 1;  // the header in two reads: its length, then it
-      }
+      r.seconds = now_s() - t0;
+      rx[q].reads.push_back(r);
     }
     for (size_t t = 0; t < T; ++t) {
       const Placement p = sm::receiver_placement(table[t], o.shape, q, o.receiver_tp);
+      if (o.manifest_only) {  // no data: its share of the changes
+        rx[q].changes += static_cast<uint64_t>(static_cast<double>(p.numel()) * o.changed);
+        continue;
+      }
       for (uint64_t i = 0; i < p.numel(); ++i) rx[q].changes += changed_at(t, p.full_position(i), threshold);
     }
   }
@@ -426,9 +474,14 @@ int run(const Options& o) {
   const uint64_t reduce_bytes = 2 * 8 * T;  // int64 halves of one 64-bit partial per tensor
 
   std::printf("| measure | value |\n|---|---|\n");
-  if (o.manifest_only)
+  if (o.index_parts)
+    std::printf("| mode | index parts: receipts of %llu FSDP2 Shard(0) ranks from their tables, each rank's indexed delta part written up to its "
+                "payloads (headers, records, block index entries at the table's width; payloads 1.236 B x changes of zeros, not kept) |\n",
+                (unsigned long long)o.ranks);
+  else if (o.manifest_only)
     std::printf("| mode | manifest only: receipts of %llu FSDP2 Shard(0) ranks from their tables, placeholder parts of 1.236 B x changes (no publish) |\n",
                 (unsigned long long)o.ranks);
+  std::printf("| compact layout of the parts | %u (%s) |\n", o.compact_layout, o.compact_layout == compact::kLayout2 ? "indexed" : "NAME.cindex / NAME.cdata");
   std::printf("| tensors / params here / params at full width | %zu / %llu / %llu |\n", T, (unsigned long long)numel,
               (unsigned long long)full_numel);
   std::printf("| model bytes here (bf16) | %s |\n", gb(2.0 * numel).c_str());
@@ -437,9 +490,6 @@ int run(const Options& o) {
     std::printf("| delta bytes v2 (all parts) | %s (%.3f B per change; 1-ulp synthetic changes) |\n", gb(delta_bytes).c_str(),
                 delta_bytes / v2.changed_elements);
     std::printf("| delta parts / per part (mean) | %zu / %s |\n", objects.size(), gb(delta_bytes / objects.size()).c_str());
-    std::printf("| per-part header (8 B + JSON header, chunk hashes included): mean / max | %s / %s |\n",
-                gb(double(header_sum) / objects.size()).c_str(), gb(double(header_max)).c_str());
-    std::printf("| tensors named per part (changed by its rank) / held by its rank | %.0f / %zu |\n", double(changed_tensors_sum) / objects.size(), T);
     std::printf("| publish_part v2 per rank: median / max / sum (wall, one core) | %.3f s / %.3f s / %.1f s |\n",
                 sorted_publish[sorted_publish.size() / 2], sorted_publish.back(), std::accumulate(publish_s.begin(), publish_s.end(), 0.0));
     std::printf("| all ranks, both versions, incl. data generation (wall) | %.1f s |\n", publish_total_s);
@@ -447,7 +497,18 @@ int run(const Options& o) {
                 (unsigned long long)max_req, (unsigned long long)rank_count(1).get, (unsigned long long)rank_count(1).put,
                 (unsigned long long)rank_count(1).head);
   } else {
-    std::printf("| receipts of all ranks, both versions, from their tables (wall) | %.1f s |\n", publish_total_s);
+    std::printf("| receipts of all ranks, both versions, from their tables%s (wall) | %.1f s |\n",
+                o.index_parts ? " and their indexed parts up to the payloads" : "", publish_total_s);
+  }
+  if (have_parts) {
+    std::printf("| per-part header (8 B + JSON header%s): mean / max | %s / %s |\n",
+                o.compact_layout == compact::kLayout2 ? "" : ", chunk hashes included", gb(double(header_sum) / objects.size()).c_str(),
+                gb(double(header_max)).c_str());
+    if (records_sum)
+      std::printf("| per-part index sections (bitmap, page hashes, records, block index entries): mean / of it records | %s / %s |\n",
+                  gb(double(index_sum) / objects.size()).c_str(), gb(double(records_sum) / objects.size()).c_str());
+    std::printf("| tensors with changes per part (records, or named tensors) / held by its rank | %.0f / %zu |\n",
+                double(changed_tensors_sum) / objects.size(), T);
   }
   std::printf("| store requests of rank 0's commit (v2) | %llu (%llu GET, %llu PUT, %llu HEAD, %llu LIST) |\n",
               (unsigned long long)commit_req.total(), (unsigned long long)commit_req.get, (unsigned long long)commit_req.put,
@@ -479,23 +540,26 @@ int run(const Options& o) {
     const ReceiverRank& x = rx[q];
     std::printf("| receiver rank %llu: (part, tensor) placements it meets / lookup time | %llu / %.3f s |\n", (unsigned long long)q,
                 (unsigned long long)x.pairs, x.lookup_s);
-    if (!o.manifest_only)
-      std::printf("| receiver rank %llu, ranged planner: headers + indexes + blocks = bytes / requests / plan time (reads included) | "
-                  "%s + %s + %s = %s / %llu / %.3f s |\n",
-                  (unsigned long long)q, gb(double(x.header_bytes)).c_str(), gb(double(x.index_bytes)).c_str(), gb(double(x.block_bytes)).c_str(),
-                  gb(double(x.bytes())).c_str(), (unsigned long long)x.requests, x.plan_s);
+    for (size_t g = 0; g < x.reads.size(); ++g) {
+      const Reads& r = x.reads[g];
+      std::printf("| receiver rank %llu, ranged reads at gap %s: head + index + blocks = bytes / requests / time (reads, checks and "
+                  "reduced files) | %s + %s + %s = %s / %llu / %.3f s |\n",
+                  (unsigned long long)q, kib(o.gaps[g]).c_str(), gb(double(r.head_bytes)).c_str(), gb(double(r.index_bytes)).c_str(),
+                  gb(double(r.block_bytes)).c_str(), gb(double(r.bytes())).c_str(), (unsigned long long)r.requests, r.seconds);
+    }
     std::printf("| receiver rank %llu: changes in its positions x B per change | %s (%.1f%% of the version's) |\n", (unsigned long long)q,
                 gb(x.changes * bytes_per_change).c_str(), 100.0 * x.changes / std::max<uint64_t>(v2.changed_elements, 1));
   }
-  if (!o.manifest_only) {
+  for (size_t g = 0; have_parts && g < o.gaps.size(); ++g) {
     uint64_t bytes = 0, requests = 0;
     for (const auto& x : rx) {
-      bytes += x.bytes();
-      requests += x.requests + 2;  // LATEST (conditional) + the manifest
+      bytes += x.reads[g].bytes();
+      requests += x.reads[g].requests + 2;  // LATEST (conditional) + the manifest
     }
-    std::printf("| store load per step, %llu replicas x %llu ranks (ranged) | %llu requests, %s of manifests, %s of parts |\n",
-                (unsigned long long)o.replicas, (unsigned long long)o.receiver_tp, (unsigned long long)(o.replicas * requests),
-                gb(double(o.replicas * o.receiver_tp) * manifest_bytes).c_str(), gb(double(o.replicas) * bytes).c_str());
+    std::printf("| store load per step, %llu replicas x %llu ranks (ranged, gap %s) | %llu requests, %s of manifests, %s of parts |\n",
+                (unsigned long long)o.replicas, (unsigned long long)o.receiver_tp, kib(o.gaps[g]).c_str(),
+                (unsigned long long)(o.replicas * requests), gb(double(o.replicas * o.receiver_tp) * manifest_bytes).c_str(),
+                gb(double(o.replicas) * bytes).c_str());
   }
   const sm::RequestCount sub = store->count("subscriber");
   std::printf("| subscriber requests while planning | %llu GET, %llu HEAD, %llu LIST |\n", (unsigned long long)sub.get,

@@ -16,6 +16,7 @@
 // (DeltaView::base_values layout) that digest updates need.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -24,6 +25,7 @@
 #include "codec/compact_block_index.hpp"
 #include "codec/compact_format.hpp"
 #include "codec/compact_symbols.hpp"
+#include "codec/compact_table.hpp"
 #include "format/delta_file.hpp"
 #include "format/safetensors.hpp"
 #include "core/sparse_delta.hpp"
@@ -102,12 +104,14 @@ inline constexpr std::string_view kIndexVersionKey = "compact_index_version";
 uint32_t read_index_version(const st::Metadata& metadata, const std::string& label);
 
 // A compact delta file read up to its blocks -- what every decoder (this one and its GPU twin)
-// checks before decoding: format and compact_version, the delta's metadata, NAME.cindex /
-// NAME.cdata pairs (views into `file`, in file order), and recorded dtypes and shapes equal to
-// the base's. Throws Error("LABEL: ...").
+// checks before decoding: format and compact_version, the delta's metadata, the encoded tensors
+// (views into `file`: in layout 1 its NAME.cindex / NAME.cdata pairs in file order, their recorded
+// dtypes and shapes equal to the base's; in the indexed layout its records in ordinal order, the
+// file's tensor table equal to the base's, codec/compact_indexed.hpp). Throws Error("LABEL: ...").
 struct CompactFile {
-  DeltaInfo info;
+  DeltaInfo info;  // the indexed layout's digests typed (info.digests)
   std::vector<EncodedTensorView> tensors;
+  std::shared_ptr<const TensorTable> table;  // the indexed layout's: the views' names point into it
 };
 CompactFile read_compact_file(const st::File& file, std::span<const TensorMeta> base_meta);
 // After the blocks are decoded: the metadata's total_changed_elements (when recorded) must equal

@@ -4,8 +4,11 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 
 #include "codec/compact_codec.hpp"
+#include "codec/compact_indexed.hpp"
+#include "codec/compact_table.hpp"
 #include "core/error.hpp"
 #include "core/parse_number.hpp"
 
@@ -16,7 +19,57 @@ struct Container {
   std::vector<EncodedTensor> encoded;
   std::vector<st::WriteTensor> tensors;
   st::Metadata metadata;
+  // Layout 2: the five entries' bytes (the tensors point into them).
+  indexed::Head head;
+  std::vector<uint8_t> payload;
 };
+
+// The indexed layout's entries (compact_indexed.hpp): `tensors` is the whole model, the table
+// whose ordinals the records use (a delta part's too: it names only its changed tensors).
+void build_indexed(Container& c, std::span<const TensorMeta> tensors, const DeltaInfo& info, uint32_t index_version) {
+  const std::string label = "compact delta";
+  const TensorTable table(tensors);
+  // Digests go into the records: typed (integrity::put_delta_digests), one pair per changed tensor.
+  std::unordered_map<std::string_view, const TensorDigests*> digests;
+  if (info.digests)
+    for (const TensorDigests& d : *info.digests) digests.emplace(d.name, &d);
+  if (!info.digests && (c.metadata.contains("base_digests") || c.metadata.contains("result_digests") || c.metadata.contains("digest_algorithm")))
+    throw BadInputError(label + ": compact_layout 2 records digests given typed (DeltaInfo::digests), not as metadata JSON");
+  c.metadata.erase("base_digests");
+  c.metadata.erase("result_digests");
+  std::vector<std::pair<uint32_t, const EncodedTensor*>> order;
+  for (const EncodedTensor& e : c.encoded) {
+    const std::optional<uint32_t> ordinal = table.ordinal(e.name);
+    if (!ordinal) throw BadInputError(label + ": encoded tensor " + e.name + " is not in the model");
+    order.emplace_back(*ordinal, &e);
+  }
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (info.digests && digests.size() != order.size())
+    throw BadInputError(label + ": " + std::to_string(digests.size()) + " tensors have digests, " + std::to_string(order.size()) + " changed");
+  std::vector<indexed::EntryInput> entries;
+  entries.reserve(order.size());
+  for (const auto& [ordinal, e] : order) {
+    const BlockRecords records =
+        read_block_records(e->block_index, e->payload.size(), table.at(ordinal).shape, index_version, label + ": tensor " + e->name);
+    indexed::EntryInput in{ordinal, e->block_index, {}, e->payload.size(), 0, 0};
+    for (const BlockRecord& b : records.blocks)
+      in.block_hashes.push_back(indexed::hash_of(std::span(e->payload).subspan(b.payload_offset, b.payload_bytes())));
+    if (info.digests) {
+      const auto d = digests.find(e->name);
+      if (d == digests.end()) throw BadInputError(label + ": tensor " + e->name + " changes but has no digests");
+      in.base_digest = d->second->base;
+      in.result_digest = d->second->result;
+    }
+    entries.push_back(std::move(in));
+  }
+  c.head = indexed::build_head(entries, table, std::move(c.metadata), label);
+  c.payload.reserve(c.head.payload_bytes);
+  for (const auto& [ordinal, e] : order) c.payload.insert(c.payload.end(), e->payload.begin(), e->payload.end());
+  c.metadata = c.head.metadata;
+  const std::span<const uint8_t> bytes[] = {c.head.present, c.head.pages, c.head.records, c.head.index, c.payload};
+  const std::vector<TensorMeta> metas = c.head.entries();
+  for (size_t k = 0; k < metas.size(); ++k) c.tensors.push_back({metas[k].name, DType::U8, metas[k].shape, bytes[k]});
+}
 
 Container build(std::span<const TensorMeta> tensors, const DeltaView& delta, const DeltaInfo& info,
                 const Options& options, std::vector<EncodedTensor> encoded) {
@@ -31,22 +84,29 @@ Container build(std::span<const TensorMeta> tensors, const DeltaView& delta, con
       throw BadInputError("compact delta: tensor " + e.name + " is coded in compact_version " + std::to_string(e.version) +
                           ", tensor " + c.encoded.front().name + " in " + std::to_string(version));
   if (!is_known_version(version)) throw BadInputError("compact delta: unknown compact_version " + std::to_string(version));
+  if (!is_known_layout(options.layout)) throw BadInputError("compact delta: unknown compact_layout " + std::to_string(options.layout));
   // Likewise one compact_index_version (every writer's follows its options; see Options).
   const uint32_t index_version = c.encoded.empty() ? options.index_version() : c.encoded.front().index_version;
   for (const EncodedTensor& e : c.encoded)
     if (e.index_version != index_version)
       throw BadInputError("compact delta: tensor " + e.name + " has a block index of compact_index_version " +
                           std::to_string(e.index_version) + ", tensor " + c.encoded.front().name + " of " + std::to_string(index_version));
-  for (const EncodedTensor& e : c.encoded) {
-    c.tensors.push_back({e.name + std::string(kIndexSuffix), DType::U8, {e.block_index.size()}, e.block_index});
-    c.tensors.push_back({e.name + std::string(kDataSuffix), DType::U8, {e.payload.size()}, e.payload});
-  }
-  // The metadata of every delta layout, plus the codec's own keys.
-  c.metadata = delta_metadata("compact delta", tensors, delta, info, "compact");
+  // The metadata of every delta layout, plus the codec's own keys; the indexed layout numbers the
+  // tensors instead of naming them.
+  const bool indexed = options.layout == kLayout2;
+  c.metadata = delta_metadata("compact delta", tensors, delta, info, "compact", indexed ? TensorNames::kNumbered : TensorNames::kListed);
   c.metadata["compact_version"] = std::to_string(version);
   c.metadata["compact_block_elements"] = std::to_string(options.block_elements);
   // Absent means 1: files without tiles stay byte for byte what they were.
   if (index_version != kIndexVersion1) c.metadata[std::string(kIndexVersionKey)] = std::to_string(index_version);
+  if (indexed) {
+    build_indexed(c, tensors, info, index_version);
+    return c;
+  }
+  for (const EncodedTensor& e : c.encoded) {
+    c.tensors.push_back({e.name + std::string(kIndexSuffix), DType::U8, {e.block_index.size()}, e.block_index});
+    c.tensors.push_back({e.name + std::string(kDataSuffix), DType::U8, {e.payload.size()}, e.payload});
+  }
   return c;
 }
 
@@ -136,6 +196,14 @@ CompactFile read_compact_file(const st::File& file, std::span<const TensorMeta> 
 
   const uint32_t index_version = read_index_version(md, label);
   out.info = delta_info(md, label);
+  if (indexed::read_layout_version(md, label) == kLayout2) {
+    // Tensors by ordinal in the model's table; the table's hash stands for the recorded shapes.
+    out.table = TensorTable::of(base_meta);
+    indexed::Contents contents = indexed::read_file(file, *out.table, file_version, index_version);
+    out.tensors = std::move(contents.tensors);
+    out.info.digests = std::move(contents.digests);
+    return out;
+  }
 
   // Pair NAME.cindex with NAME.cdata, in file order of the index tensors. Names are views of
   // the index tensors' names, so they live as long as the file.

@@ -38,6 +38,18 @@ inline constexpr uint32_t kDefaultMaxTiles = kMaxTilesPerDim;
 inline constexpr std::string_view kIndexSuffix = ".cindex";
 inline constexpr std::string_view kDataSuffix = ".cdata";
 
+// Written as metadata "compact_layout" (absent: 1): how the container holds the encoded tensors.
+// Layout 1: a NAME.cindex and a NAME.cdata entry per changed tensor, names, shapes and digests in
+// the JSON header (which grows with the changed tensors). Layout 2, the indexed layout
+// (codec/compact_indexed.hpp): five fixed entries -- a presence bitmap over the model's tensor
+// table, fixed-size binary records, the block indexes and the payloads -- so that the header is
+// constant-size and a reader fetches the records of the tensors it needs by ranges, every piece
+// verified by a hash chain from the header. The blocks themselves are the same in both.
+inline constexpr uint32_t kLayout1 = 1;
+inline constexpr uint32_t kLayout2 = 2;
+inline constexpr uint32_t kDefaultLayout = kLayout2;
+inline bool is_known_layout(uint32_t layout) { return layout == kLayout1 || layout == kLayout2; }
+
 struct Options {
   uint32_t block_elements = kDefaultBlockElements;  // 1 .. 2^24
   bool parallel = true;  // false: run on the calling thread only (per-core measurements)
@@ -46,6 +58,8 @@ struct Options {
   // many column bands and as many row stripes, 1, 2, 4 or 8. 1: no tiles, block index version 1
   // (the bytes writers produced before tiles existed).
   uint32_t max_tiles = kDefaultMaxTiles;
+  // The container layout the writer produces (kLayout1 or kLayout2; readers read both).
+  uint32_t layout = kDefaultLayout;
   uint32_t index_version() const { return max_tiles > 1 ? kIndexVersion2 : kIndexVersion1; }
 };
 

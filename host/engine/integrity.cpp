@@ -122,12 +122,30 @@ void put_delta_digests(DeltaInfo& info, const DeltaDigests& digests) {
   info.model_version = digests.model_version;
   info.base_version = digests.base_version;
   put_delta_digests(info.extra, digests);
+  // Typed as well, for the compact indexed layout's records (base and result name one set).
+  auto& typed = info.digests.emplace();
+  typed.reserve(digests.base.size());
+  for (const auto& [name, base] : digests.base) {
+    const auto result = digests.result.find(name);
+    if (result == digests.result.end()) throw Error("delta digests: tensor " + name + " has a base digest but no result digest");
+    typed.push_back(TensorDigests{name, base, result->second});
+  }
+  if (typed.size() != digests.result.size()) throw Error("delta digests: a result digest names a tensor without a base digest");
 }
 
 void put_checkpoint_digests(st::Metadata& metadata, const DigestMap& digests) { put_digest_map(metadata, keys::kDigests, digests); }
 
 std::optional<DeltaDigests> read_delta_digests(const DeltaInfo& info, const std::string& label) {
   const st::Metadata& md = info.extra;
+  if (info.digests) {  // typed (a compact indexed delta's records): names are unique, pairs complete
+    check_algorithm(md, "digests", label);
+    DeltaDigests out{info.model_version, info.base_version, {}, {}};
+    for (const TensorDigests& d : *info.digests) {
+      if (!out.base.emplace(d.name, d.base).second) fail(label, "records digests of tensor " + d.name + " twice");
+      out.result.emplace(d.name, d.result);
+    }
+    return out;
+  }
   const bool has_base = md.contains(keys::kBaseDigests), has_result = md.contains(keys::kResultDigests);
   if (!has_base && !has_result) return std::nullopt;
   if (!has_base) fail(label, "metadata has result_digests but no base_digests");

@@ -69,7 +69,7 @@ void advance_digests(std::span<uint64_t> digests, std::span<const TensorMeta> te
 
 // Adds digest_algorithm, base_digests and result_digests. The versions are not written here:
 // they are DeltaInfo's typed fields (this overload sets info.model_version / base_version from
-// `digests`).
+// `digests`, and info.digests: the same pairs typed, which the compact indexed layout records).
 void put_delta_digests(st::Metadata& metadata, const DeltaDigests& digests);
 void put_delta_digests(DeltaInfo& info, const DeltaDigests& digests);
 // Adds digest_algorithm and digests (an anchor's or checkpoint's every tensor).
@@ -78,7 +78,8 @@ void put_checkpoint_digests(st::Metadata& metadata, const DigestMap& digests);
 // Reads a delta's promises: std::nullopt when the file carries no digest keys at all (e.g. a
 // delta written by TRL); Error("LABEL: reason") when anything is malformed: bad JSON, a
 // non-object, a value that is not 16 lowercase hex digits, base and result naming different
-// tensors, only one of the two present, a missing or unknown digest_algorithm.
+// tensors, only one of the two present, a missing or unknown digest_algorithm. Typed digests
+// (info.digests: a compact indexed delta's records) are taken as they are, with digest_algorithm.
 std::optional<DeltaDigests> read_delta_digests(const DeltaInfo& info, const std::string& label);
 // Reads an anchor's or checkpoint's `digests` (std::nullopt when absent; same strictness).
 std::optional<DigestMap> read_checkpoint_digests(const st::Metadata& metadata, const std::string& label);

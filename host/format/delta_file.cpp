@@ -121,7 +121,7 @@ std::vector<std::string> parse_changed_params(const std::string& text, const std
 
 // Metadata common to deltas and anchors; `extra` first so that derived keys are overwritten.
 st::Metadata base_metadata(const std::string& path, std::span<const TensorMeta> tensors, const DeltaInfo& info,
-                           bool sparse, uint64_t total_elements) {
+                           bool sparse, uint64_t total_elements, bool name_tensors = true) {
   st::Metadata md;
   for (const auto& [key, value] : info.extra) {
     if (is_one_of(key, kTypedKeys)) {
@@ -133,7 +133,7 @@ st::Metadata base_metadata(const std::string& path, std::span<const TensorMeta> 
   md["format"] = sparse ? "trl" : "anchor";
   md["model_version"] = std::to_string(info.model_version);
   md["total_elements"] = std::to_string(total_elements);
-  md["tensor_shapes"] = tensor_shapes_json(tensors);
+  if (name_tensors) md["tensor_shapes"] = tensor_shapes_json(tensors);
   return md;
 }
 
@@ -187,21 +187,22 @@ std::vector<TensorMeta> model_tensors(const st::File& checkpoint) {
 }
 
 st::Metadata delta_metadata(const std::string& label, std::span<const TensorMeta> tensors, const DeltaView& delta,
-                            const DeltaInfo& info, std::string_view format) {
+                            const DeltaInfo& info, std::string_view format, TensorNames names) {
   if (delta.num_tensors() != tensors.size()) {
     fail(label, "delta covers " + std::to_string(delta.num_tensors()) + " tensors but the model has " +
                     std::to_string(tensors.size()));
   }
+  const bool listed = names == TensorNames::kListed;
   std::vector<std::string> changed_names;
-  for (size_t t = 0; t < tensors.size(); ++t)
+  for (size_t t = 0; t < tensors.size() && listed; ++t)
     if (delta.count(t)) changed_names.push_back(tensors[t].name);
   const uint64_t total = model_numel(tensors, label);
   const uint64_t total_changed = delta.total_changed();
-  st::Metadata md = base_metadata(label, tensors, info, /*sparse=*/true, total);
+  st::Metadata md = base_metadata(label, tensors, info, /*sparse=*/true, total, listed);
   md["format"] = std::string(format);
   if (info.base_version) md["base_version"] = std::to_string(*info.base_version);
   md["sparsity"] = sparsity_text(total_changed, total);
-  md["changed_params"] = Json(changed_names).dump();
+  if (listed) md["changed_params"] = Json(changed_names).dump();
   md["total_changed_elements"] = std::to_string(total_changed);
   return md;
 }

@@ -22,20 +22,35 @@
 
 namespace deltasync {
 
+// A changed tensor's digests before and after a delta (a delta part's: its rank's partials).
+struct TensorDigests {
+  std::string name;
+  uint64_t base = 0, result = 0;
+};
+
 struct DeltaInfo {
   uint64_t model_version = 0;
   std::optional<uint64_t> base_version;
   st::Metadata extra;  // additional metadata written verbatim (e.g. digests)
+  // The digests of extra's base_digests / result_digests, typed: integrity::put_delta_digests
+  // sets both forms; the compact indexed layout (compact_layout 2) stores these in its binary
+  // records instead of JSON, and its reader fills only these. nullopt: none typed.
+  std::optional<std::vector<TensorDigests>> digests;
 };
 
 // Tensor metadata of a checkpoint file, in file order (throws if a dtype is not a weight dtype).
 std::vector<TensorMeta> model_tensors(const st::File& checkpoint);
 
+// Whether a delta's metadata names its tensors (changed_params, tensor_shapes): every layout but
+// the compact indexed one, which numbers them instead so that its header stays one size.
+enum class TensorNames { kListed, kNumbered };
+
 // The metadata every delta layout carries (sparse, format, model_version, base_version,
 // sparsity, changed_params, totals, tensor_shapes, then info.extra; keys with a typed field in
 // DeltaInfo are refused in extra, derived keys in extra are replaced). `label` names errors.
+// kNumbered leaves out changed_params and tensor_shapes.
 st::Metadata delta_metadata(const std::string& label, std::span<const TensorMeta> tensors, const DeltaView& delta,
-                            const DeltaInfo& info, std::string_view format);
+                            const DeltaInfo& info, std::string_view format, TensorNames names = TensorNames::kListed);
 
 // The typed fields and the remaining keys (as extra) of a delta's metadata; Error("LABEL: ...")
 // when model_version is missing or a version is not a non-negative integer.

@@ -24,7 +24,7 @@
 
 #include "core/parse_number.hpp"
 #include "store/s3_xml.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 #include "store/store.hpp"
 #include "store/http_transport.hpp"
 

@@ -10,7 +10,7 @@
 
 #include "codec/delta_io.hpp"
 #include "core/parse_number.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 #include "sync/part_placements.hpp"
 #include "sync/protocol_json.hpp"
 #include "sync/shard_parts.hpp"

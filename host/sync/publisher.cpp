@@ -9,7 +9,7 @@
 #include "engine/integrity.hpp"
 #include "sync/protocol.hpp"
 #include "sync/range_hashes.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 #include "store/http_transport.hpp"
 
 namespace deltasync {
@@ -140,12 +140,15 @@ void check_options(const PublisherOptions& options) {
     throw Error("publisher: option compact_block_elements must be 1 .. 16777216", ErrorKind::kInvalidArgument);
   if (!compact::is_tile_count(options.compact_max_tiles))
     throw Error("publisher: option compact_max_tiles must be 1, 2, 4 or 8", ErrorKind::kInvalidArgument);
+  if (!compact::is_known_layout(options.compact_layout))
+    throw Error("publisher: option compact_layout must be 1 or 2", ErrorKind::kInvalidArgument);
 }
 
 compact::Options compact_options(const PublisherOptions& options) {
   compact::Options out;
   out.block_elements = options.compact_block_elements;
   out.max_tiles = options.compact_max_tiles;
+  out.layout = options.compact_layout;
   return out;
 }
 

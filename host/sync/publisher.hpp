@@ -63,6 +63,10 @@ struct PublisherOptions {
   // Most column bands and row stripes a compact tensor is cut into (1, 2, 4 or 8; 1: no tiles):
   // a tensor-parallel receiver reads only the tiles its elements fall in (compact_tiles.hpp).
   uint32_t compact_max_tiles = compact::kDefaultMaxTiles;
+  // The compact container: 2, the indexed layout (a header of one size, binary records a ranged
+  // reader fetches per tensor: what receivers of a many-tensor model need), or 1, a NAME.cindex
+  // and NAME.cdata entry per tensor named in the header (what deltasync wrote before).
+  uint32_t compact_layout = compact::kDefaultLayout;
   // Fencing (protocol.hpp): the run this publisher belongs to. Publishers that name no run are one
   // run, "unnamed": a second one is a restart and fences the first off. A store held by another
   // run is refused unless `take_over`.
@@ -88,6 +92,8 @@ inline auto publisher_option_fields() {
                      "changes per compact block (smaller: TP receivers read closer to their share)"),
       fields::member("compact_max_tiles", &O::compact_max_tiles,
                      "most column bands and row stripes per compact tensor, 1, 2, 4 or 8 (1: none; TP receivers read their tiles)"),
+      fields::member("compact_layout", &O::compact_layout,
+                     "compact container: 2 indexed (binary records read by ranges), 1 one NAME.cindex/NAME.cdata pair per tensor"),
       fields::member("run_id", &O::run_id, "the run this publisher belongs to (empty: \"unnamed\"); a store held by another run is refused"),
       fields::member("take_over", &O::take_over, "take over a store held by another run (never the default)"));
 }

@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "codec/compact_indexed.hpp"
 #include "core/error.hpp"
 #include "core/parse_number.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 #include "sync/range_chunks.hpp"
 
 namespace deltasync::ranged {
@@ -89,6 +90,12 @@ std::vector<uint8_t> seal(std::span<const uint8_t> file, const std::string& labe
   // ordered_json: the tensors keep the writer's order (readers list them in header order).
   auto header = nlohmann::ordered_json::parse(file.begin() + 8, file.begin() + static_cast<std::ptrdiff_t>(prefix), nullptr, false);
   if (!header.is_object()) throw BadInputError(label + ": safetensors header is not a JSON object");
+  // An indexed compact delta is sealed as written: its records and entries hash what they name.
+  if (const auto md = header.find("__metadata__"); md != header.end() && md->is_object()) {
+    const auto layout = md->find(compact::indexed::kLayoutKey);
+    if (layout != md->end() && layout->is_string() && layout->get<std::string>() == std::to_string(compact::kLayout2))
+      return std::vector<uint8_t>(file.begin(), file.end());
+  }
   const std::span<const uint8_t> data = file.subspan(prefix);
   const std::vector<uint64_t> ends =
       chunk_ends(st::File::from_bytes(std::vector<uint8_t>(file.begin(), file.end()), label), data.size(), chunk_bytes);
@@ -159,6 +166,8 @@ SealedHeader read_sealed_header(std::span<const uint8_t> prefix, const protocol:
   h.by_name.resize(h.tensors.size());
   for (uint32_t i = 0; i < h.by_name.size(); ++i) h.by_name[i] = i;
   std::sort(h.by_name.begin(), h.by_name.end(), [&](uint32_t a, uint32_t b) { return h.tensors[a].name < h.tensors[b].name; });
+  // The indexed layout carries its own hash chain (codec/compact_indexed.hpp): no chunks.
+  if (compact::indexed::read_layout_version(h.metadata, label) == compact::kLayout2) return h;
   const auto sizes_it = h.metadata.find(kChunkSizesKey);
   const auto size_it = h.metadata.find(kChunkBytesKey);
   const auto hashes_it = h.metadata.find(kChunkSha256Key);

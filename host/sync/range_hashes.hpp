@@ -12,7 +12,10 @@
 //   range_chunk_sha256  each chunk's SHA-256 truncated to its first 16 bytes (128 bits, as
 //                       SHA-256/128 is), lowercase hex, concatenated in data order
 // Objects sealed before chunks followed the layout have `range_chunk_bytes` (one size for every
-// chunk, the last one shorter) instead of `range_chunk_sizes`; readers take both.
+// chunk, the last one shorter) instead of `range_chunk_sizes`; readers take both. A compact delta
+// of the indexed layout (codec/compact_indexed.hpp) needs no chunks: its header vouches for its
+// records and they for its block indexes and blocks; seal() leaves it as it is and only its
+// header_sha256 is recorded.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -59,7 +62,7 @@ struct SealedHeader {
   uint64_t data_offset = 0;  // where the data section starts in the object (8 + header length)
   std::vector<st::TensorInfo> tensors;  // file order; begin/end relative to the data section
   st::Metadata metadata;                // without the range_* keys
-  std::vector<uint64_t> chunk_ends;     // chunk c is data bytes [chunk_begin(c), chunk_ends[c])
+  std::vector<uint64_t> chunk_ends;     // chunk c is data bytes [chunk_begin(c), chunk_ends[c]); none in the indexed layout
   std::vector<ChunkHash> chunk_sha256;
   // tensors' indices in name order: find() is a binary search (a part of a 70k-tensor model names
   // ~140k tensors, and a planner looks each up; a linear search made that O(T^2) per part).

@@ -22,13 +22,31 @@ std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, std::span<con
     const uint64_t end = *std::lower_bound(first, chunk_ends.end(), r.end());
     rounded.push_back({begin, end - begin});
   }
-  std::sort(rounded.begin(), rounded.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  return merge_gaps(std::move(rounded), 0);
+}
+
+std::vector<ByteRange> merge_gaps(std::vector<ByteRange> ranges, uint64_t gap_bytes, GapCap cap) {
+  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   std::vector<ByteRange> out;
-  for (const auto& r : rounded) {
-    if (!out.empty() && r.offset <= out.back().end())
-      out.back().length = std::max(out.back().end(), r.end()) - out.back().offset;
-    else
+  uint64_t wanted = 0, dropped = 0;  // out.back()'s bytes asked for and gap bytes read through
+  for (const auto& r : ranges) {
+    if (r.length == 0) continue;
+    if (!out.empty() && r.offset <= out.back().end()) {  // overlapping or touching: always one read
+      const uint64_t end = std::max(out.back().end(), r.end());
+      wanted += end - out.back().end();
+      out.back().length = end - out.back().offset;
+      continue;
+    }
+    const uint64_t gap = out.empty() ? 0 : r.offset - out.back().end();
+    if (!out.empty() && gap <= gap_bytes && (cap == GapCap::kNone || (dropped + gap) * kGapShare <= wanted + r.length)) {
+      dropped += gap;
+      wanted += r.length;
+      out.back().length = r.end() - out.back().offset;
+    } else {
       out.push_back(r);
+      wanted = r.length;
+      dropped = 0;
+    }
   }
   return out;
 }
@@ -92,11 +110,12 @@ uint64_t ObjectReadPlan::bytes() const {
 }
 
 ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges& needed, const PartScope& scope,
-                                 const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label) {
+                                 const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label,
+                                 uint64_t gap_bytes) {
   ObjectReadPlan plan;
   plan.header_bytes = header.data_offset;
   const IndexReads index = plan_index_reads(header, needed, scope, label);
-  plan.index_chunks = whole_chunks(index.ranges, header.chunk_ends);
+  plan.index_chunks = merge_gaps(whole_chunks(index.ranges, header.chunk_ends), gap_bytes);
   std::vector<ByteRange> blocks;
   for (const std::string& t : index.tensors) {
     BlockReads reads = plan_block_reads(header, t, cindex(t), needed.find(t)->second, label);
@@ -105,7 +124,7 @@ ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges&
     plan.blocks.push_back(std::move(reads));
   }
   // Chunks the index reads already brought (a small tensor's index and blocks share one) are not read twice.
-  for (const ByteRange& r : whole_chunks(std::move(blocks), header.chunk_ends)) {
+  for (const ByteRange& r : merge_gaps(whole_chunks(std::move(blocks), header.chunk_ends), gap_bytes)) {
     uint64_t at = r.offset;
     for (const ByteRange& have : plan.index_chunks) {
       if (have.end() <= at || have.offset >= r.end()) continue;

@@ -50,6 +50,23 @@ struct ByteRange {
 // range past the data.
 std::vector<ByteRange> whole_chunks(std::vector<ByteRange> ranges, std::span<const uint64_t> chunk_ends);
 
+// Fewer requests: a request costs about as much as reading `gap_bytes` more (S3 and HF buckets
+// answer a GET in ~10-30 ms, in which a stream moves ~64-256 KiB), so two ranges at most that many
+// bytes apart are read as one, the bytes between fetched and dropped. Block reads also keep what
+// one merged read drops within 1/kGapShare of what it was asked for (GapCap below): without that
+// a tensor-parallel rank would read the other ranks' tiles between its own (a tile of a 0.6B
+// model's projection is ~6-20 KB). Measured: benchmarks/results/scale-model-2026-12-03-2.md.
+inline constexpr uint64_t kDefaultGapBytes = uint64_t{256} << 10;
+inline constexpr uint64_t kGapShare = 8;
+// Whether a merged read's gap bytes are capped at 1/kGapShare of its ranges' bytes: for reads of
+// blocks, where what lies between is other ranks' data; metadata reads (the indexed layout's
+// record pages and block index entries: small, between them only other tensors' records) follow
+// the request cost alone.
+enum class GapCap { kShare, kNone };
+// `ranges` sorted and merged where they overlap or touch, and across gaps of at most `gap_bytes`
+// (under GapCap::kShare while a merged read's gap bytes stay at most 1/kGapShare of its ranges').
+std::vector<ByteRange> merge_gaps(std::vector<ByteRange> ranges, uint64_t gap_bytes, GapCap cap = GapCap::kShare);
+
 // True when some position of `placement` lies in one of `spans` (sorted, disjoint).
 bool placement_overlaps(const Placement& placement, std::span<const ElementSpan> spans);
 
@@ -93,8 +110,10 @@ struct ObjectReadPlan {
   uint64_t bytes() const;
   uint64_t requests() const { return 1 + index_chunks.size() + block_chunks.size(); }  // the header in one read
 };
+// Chunks whose gaps are at most `gap_bytes` are read as one (merge_gaps).
 ObjectReadPlan plan_object_reads(const SealedHeader& header, const NeededRanges& needed, const PartScope& scope,
-                                 const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label);
+                                 const std::function<std::span<const uint8_t>(const std::string&)>& cindex, const std::string& label,
+                                 uint64_t gap_bytes = 0);
 
 // A version's reads, object by object of protocol::delta_objects(manifest): `headers[k]` is
 // object k's sealed header, `cindex(k, tensor)` that tensor's NAME.cindex in it; a delta part is

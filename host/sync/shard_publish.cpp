@@ -232,7 +232,22 @@ PartReceipt ShardPublisher::publish_part(uint64_t version, std::span<const Const
     DeltaInfo info;
     integrity::put_delta_digests(info, dd);
     if (!held_.empty()) {  // a rank holding nothing has no part (the manifest lists the others')
-      const std::vector<uint8_t> bytes = serialize_delta(format_, changed_meta, part.view(), info, compact_options(options_));
+      const compact::Options compact = compact_options(options_);
+      std::vector<uint8_t> bytes;
+      if (format_ == DeltaFormat::Compact && compact.layout == compact::kLayout2) {
+        // The indexed layout numbers tensors in the model's table (its header names none): the
+        // part's changes seen over the whole table, the unchanged tensors empty.
+        std::vector<uint64_t> offsets(full_.size() + 1, 0), value_offsets(full_.size() + 1, 0);
+        for (size_t i = 0, t = 0; t < full_.size(); ++t) {
+          const bool changed = i < changed_at.size() && changed_at[i] == t;
+          offsets[t + 1] = changed ? part.offsets[i + 1] : offsets[t];
+          value_offsets[t + 1] = changed ? part.value_offsets[i + 1] : value_offsets[t];
+          i += changed;
+        }
+        bytes = serialize_delta(format_, full_, DeltaView{offsets, value_offsets, part.indices, part.values, part.base_values}, info, compact);
+      } else {
+        bytes = serialize_delta(format_, changed_meta, part.view(), info, compact);
+      }
       receipt.delta = ranged::put_delta_object(*store_, protocol::delta_key(version, nonce), bytes, format_);
     }
   }

@@ -6,7 +6,7 @@
 
 #include "core/error.hpp"
 #include "core/little_endian.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 
 namespace deltasync {
 namespace {

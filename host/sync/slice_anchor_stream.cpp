@@ -11,7 +11,7 @@
 #include "core/placement.hpp"
 #include "engine/integrity.hpp"
 #include "format/model_version.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 #include "sync/shard_parts.hpp"
 
 namespace deltasync {

@@ -19,6 +19,10 @@ namespace deltasync {
 
 struct SubscriberOptions {
   unsigned parallel_fetches = 4;  // objects downloaded at once
+  // A receiver reading parts of a delta by ranges (a tensor-parallel rank) reads two ranges at
+  // most this many bytes apart as one request (ranged::merge_gaps: a request costs about as much
+  // as this many bytes of transfer).
+  uint64_t range_gap_bytes = ranged::kDefaultGapBytes;
   // Called with a one-line note (plan chosen, recovery started); may be empty.
   std::function<void(const std::string&)> log;
 };

@@ -43,9 +43,12 @@ std::vector<std::vector<uint8_t>> Subscriber::fetch_planned(const std::vector<pr
   std::vector<std::vector<uint8_t>> fetched = fetch_all(whole, report);
   for (size_t j = 0; j < whole.size(); ++j) out[whole_at[j]] = std::move(fetched[j]);
   std::vector<uint64_t> bytes(ranged_at.size(), 0);
+  // The model's table once for every object (indexed deltas number their tensors by it).
+  const std::shared_ptr<const compact::TensorTable> table = compact::TensorTable::of(weights.tensors());
+  const ranged::ReadOptions read_options{table.get(), options_.range_gap_bytes};
   http::run_parallel(ranged_at.size(), options_.parallel_fetches, [&](size_t j) {
     const size_t i = ranged_at[j];
-    ranged::RangedDelta read = ranged::fetch_needed(store_, objects[i], *needed, scopes[i]);
+    ranged::RangedDelta read = ranged::fetch_needed(store_, objects[i], *needed, scopes[i], read_options);
     bytes[j] = read.bytes_fetched;
     out[i] = std::move(read.file);
   });

@@ -11,7 +11,7 @@
 #include "core/error.hpp"
 #include "engine/cpu_sync_engine.hpp"
 #include "fuzz_model.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 #include "sync/receiver.hpp"
 #include "sync/subscriber.hpp"
 

@@ -90,12 +90,13 @@ inline SeedChanges seed_changes() {
   return s;
 }
 
-// The compact one without tiles (block index version 1): the layout before tiles existed, kept
-// as a seed so that old files stay covered.
+// The compact one without tiles (block index version 1) in container layout 1: the file before
+// tiles and the indexed layout existed, kept as a seed so that old files stay covered.
 inline std::vector<uint8_t> seed_delta(DeltaFormat format) {
   const SeedChanges s = seed_changes();
   compact::Options untiled;
   untiled.max_tiles = 1;
+  untiled.layout = compact::kLayout1;
   return serialize_delta(format, s.base.tensors, s.delta.view(), s.info, untiled);
 }
 
@@ -105,11 +106,13 @@ inline std::vector<uint8_t> seed_compact_delta(const compact::Options& options) 
   return compact::serialize_compact_delta(s.base.tensors, s.delta.view(), s.info, options);
 }
 // Options whose compact delta cuts the 2-D tensor into 2 x 2 tiles (blocks of 4 changes: its ~25
-// changes make six blocks' worth), so its positions are coded band by band.
-inline compact::Options tiled_seed_options(uint32_t version) {
+// changes make six blocks' worth), so its positions are coded band by band; in container layout
+// `layout` (1: the seeds written before the indexed layout, byte for byte).
+inline compact::Options tiled_seed_options(uint32_t version, uint32_t layout = compact::kLayout1) {
   compact::Options options;
   options.version = version;
   options.block_elements = 4;
+  options.layout = layout;
   return options;
 }
 

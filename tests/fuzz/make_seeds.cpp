@@ -8,7 +8,7 @@
 
 #include "format/checkpoint_folder.hpp"
 #include "fuzz_model.hpp"
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 #include "sync/protocol.hpp"
 
 using namespace deltasync;
@@ -45,6 +45,7 @@ void model_files() {
   compact::Options v2_untiled;
   v2_untiled.version = compact::kFormatVersion2;
   v2_untiled.max_tiles = 1;
+  v2_untiled.layout = compact::kLayout1;
   const auto compact_v2 = fuzz::seed_compact_delta(v2_untiled);
   put("delta_apply", "delta-compact-v2.safetensors", compact_v2);
   put("safetensors", "delta-compact-v2.safetensors", compact_v2);
@@ -54,6 +55,14 @@ void model_files() {
   put("delta_apply", "delta-compact-tiled.safetensors", tiled);
   put("safetensors", "delta-compact-tiled.safetensors", tiled);
   put("delta_apply", "delta-compact-v2-tiled.safetensors", tiled_v2);
+  // The indexed layout (compact_layout 2: bitmap, records, entries with block hashes), tiled, in
+  // both stream versions: what publishers write.
+  for (const uint32_t version : {compact::kFormatVersion1, compact::kFormatVersion2}) {
+    const auto indexed = fuzz::seed_compact_delta(fuzz::tiled_seed_options(version, compact::kLayout2));
+    const std::string name = std::string("delta-compact-indexed") + (version == compact::kFormatVersion2 ? "-v2" : "") + ".safetensors";
+    put("delta_apply", name, indexed);
+    put("safetensors", name, indexed);
+  }
 
   // The compact deltas' encoded tensors, in the block harness's framing (byte 0: the tensor,
   // plus 0x80 for compact_version 2, plus 0x40 for block index version 2).

@@ -4,7 +4,10 @@ rank's bytes_fetched is below the whole delta's, and every rank's runtime parame
 fresh TP=2 load at every version. Row-parallel weights (every rank holds half of every row) are
 read band by band: with the publisher's default tiles a rank reads its own column bands only.
 A delta with one tampered block is refused on every rank, with every rank's parameters bit for
-bit what they were."""
+bit what they were. Both compact containers: layout 1 (NAME.cindex / NAME.cdata, chunk hashes)
+and the indexed layout 2 publishers write now -- whose first read of a delta this small takes all
+of it (a request costs as much as 256 KiB of transfer: ranged::merge_gaps), so its byte counts
+are the C++ tests' (test_ranged_fetch IndexedRanged, deltasync-ranged-plan)."""
 from __future__ import annotations
 
 import json
@@ -48,14 +51,23 @@ def assert_fresh_tp2(workers, trainer, label):
             assert torch.equal(p.detach().view(torch.int16), wanted[n].view(torch.int16)), f"{label} rank {rank}: {n}"
 
 
-def test_each_rank_reads_its_share_of_every_delta_and_refuses_a_tampered_block_with_the_others(tmp_path):
+def first_payload_byte(header: dict, layout: int) -> int:
+    """Data offset of a byte inside the first block of embed_tokens (the first tensor in both
+    layouts' order: file order in layout 1, natural name order in layout 2)."""
+    key = "model.embed_tokens.weight.cdata" if layout == 1 else "compact.payload"
+    return header[key]["data_offsets"][0] + 8
+
+
+@pytest.mark.parametrize("layout", [1, 2])
+def test_each_rank_reads_its_share_of_every_delta_and_refuses_a_tampered_block_with_the_others(tmp_path, layout):
     trainer = vs.HFModel(CONFIG, seed=0)
     store_dir = tmp_path / "bucket"
     store = f"file://{store_dir}"
     workers = vs.make_workers(Worker, CONFIG, 2)
     # anchor_share=0: deltas only (three of this small model's deltas would pass the default share,
     # and an anchor at version 3 would let the ranks recover past the tampered delta).
-    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=0, anchor_share=0, compact_block_elements=32) as pub:
+    with deltasync.DeltaPublisher(trainer, store=store, anchor_every=0, anchor_share=0, compact_block_elements=32,
+                                  compact_layout=layout) as pub:
         pub.publish(0)
         pub.flush()
         vs.on_all_ranks(workers, "deltasync_init", store)
@@ -67,21 +79,24 @@ def test_each_rank_reads_its_share_of_every_delta_and_refuses_a_tampered_block_w
             for rank, r in enumerate(reports):
                 assert r["to_version"] == v and r["deltas"] == [v]
                 # Row-parallel o_proj / down_proj (split on dim 1) meet every block; the rest halves.
-                assert 0 < r["bytes_fetched"] < 0.9 * r["delta_bytes"], f"version {v} rank {rank}: {r}"
+                if layout == 1:
+                    assert 0 < r["bytes_fetched"] < 0.9 * r["delta_bytes"], f"version {v} rank {rank}: {r}"
+                else:
+                    assert 0 < r["bytes_fetched"] <= r["delta_bytes"], f"version {v} rank {rank}: {r}"
             assert_fresh_tp2(workers, trainer, f"version {v}")
         kept = {n: t.detach().clone() for n, t in trainer.named_parameters()}
         sparse_step(trainer, 3)
         pub.publish(3)
         pub.flush()
     # One payload bit of the first changed tensor's blocks (embed_tokens: both ranks read its
-    # blocks of their vocabulary halves; the first block is rank 0's, the chunk hashes catch it).
+    # blocks of their vocabulary halves; the first block is rank 0's, the chunk hashes -- layout 2: its
+    # entry's block hash -- catch it).
     manifest = json.loads((store_dir / "manifests" / f"{3:020d}.json").read_text())
     delta = store_dir / manifest["delta"]["key"]
     raw = bytearray(delta.read_bytes())
     header_len = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8:8 + header_len])
-    begin, end = header["model.embed_tokens.weight.cdata"]["data_offsets"]
-    raw[8 + header_len + begin + 8] ^= 0x20
+    raw[8 + header_len + first_payload_byte(header, layout)] ^= 0x20
     delta.write_bytes(bytes(raw))
     before = [runtime_bits(w) for w in workers]
     with pytest.raises(DeltaSyncError, match="sha256 differs|refused by 1 other rank"):
@@ -113,14 +128,15 @@ def test_row_parallel_weights_in_column_bands_are_read_by_each_rank_band_by_band
     """A delta of o_proj and down_proj alone (vLLM splits them on dim 1): without tiles every block
     holds both ranks' columns and each rank reads all of it; with the default tiles (column bands)
     each rank reads, beyond the header and block indexes, about half of the blocks' bytes, and
-    both end where a fresh TP=2 load does."""
+    both end where a fresh TP=2 load does. Layout 1, whose entries name the blocks' bytes per
+    tensor (the indexed layout's share: deltasync-ranged-plan, ranged-fetch results)."""
     for max_tiles in (1, 8):
         trainer = vs.HFModel(CONFIG, seed=0)
         store_dir = tmp_path / f"tiles-{max_tiles}"
         store = f"file://{store_dir}"
         workers = vs.make_workers(Worker, CONFIG, 2)
         with deltasync.DeltaPublisher(trainer, store=store, anchor_every=0, compact_block_elements=32,
-                                      compact_max_tiles=max_tiles) as pub:
+                                      compact_max_tiles=max_tiles, compact_layout=1) as pub:
             pub.publish(0)
             pub.flush()
             vs.on_all_ranks(workers, "deltasync_init", store)

@@ -1,6 +1,7 @@
 // SHA-256 through OpenSSL's EVP interface (libcrypto, which libcurl already brings). S3 signs the
-// payload hash (x-amz-content-sha256) and manifests name every object by its hash, so both use
-// this one streaming API. EVP picks the CPU's SHA extensions where present.
+// payload hash (x-amz-content-sha256), manifests name every object by its hash and the compact
+// indexed layout hashes its records, block indexes and blocks, so all use this one streaming API
+// (format layer: the codec below the stores needs it). EVP picks the CPU's SHA extensions.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "store/sha256.hpp"
+#include "format/sha256.hpp"
 
 #include <openssl/evp.h>
 
