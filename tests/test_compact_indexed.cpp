@@ -116,7 +116,9 @@ TEST(CompactIndexed, TheHeaderIsOneSizeWhateverTheNumberOfTensors) {
     DeltaInfo info;
     std::vector<uint64_t> base(tensors, 1);
     integrity::put_delta_digests(info, integrity::delta_digests(m.meta, m.delta.view(), base, 2, 1));
-    const auto bytes = compact::serialize_compact_delta(m.meta, m.delta.view(), info);
+    compact::Options options;
+    options.layout = compact::kLayout2;
+    const auto bytes = compact::serialize_compact_delta(m.meta, m.delta.view(), info, options);
     return header_bytes(bytes);
   };
   const uint64_t small = header_for(10), large = header_for(2000);

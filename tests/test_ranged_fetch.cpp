@@ -755,6 +755,7 @@ struct Indexed {
     compact::Options options;
     options.block_elements = 256;
     options.max_tiles = 1;
+    options.layout = compact::kLayout2;
     bytes = compact::serialize_compact_delta(m.meta, m.delta.view(), info, options);
     ref = protocol::ObjectRef{"deltas/x", bytes.size(), sha256_hex(bytes), ""};
     ref.header_sha256 = sha256_hex(std::span<const uint8_t>(bytes).first(ranged::header_prefix_bytes(bytes, bytes.size(), "x")));

@@ -146,7 +146,7 @@ struct World {
   std::vector<size_t> receipt_bytes;
 
   World(std::shared_ptr<Store> s, std::vector<Layout> l, uint64_t world, std::string format, std::string run_id = "",
-        bool take_over = false, uint32_t compact_layout = compact::kDefaultLayout)
+        bool take_over = false, uint32_t compact_layout = compact::kPublisherDefaultLayout)
       : layout(std::move(l)), store(std::move(s)) {
     for (size_t t = 0; t < layout.size(); ++t) {
       meta.push_back(TensorMeta{"layers." + std::to_string(t) + ".weight", layout[t].dtype, layout[t].shape});

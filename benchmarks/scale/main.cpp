@@ -67,7 +67,7 @@ struct Options {
   // realistic-cpu's 1.236 B per change), committed and measured like a published version.
   bool manifest_only = false;
   bool index_parts = false;  // with manifest_only: the parts' heads at the table's width (index_parts.hpp)
-  uint32_t compact_layout = compact::kDefaultLayout;
+  uint32_t compact_layout = compact::kPublisherDefaultLayout;
   std::vector<uint64_t> gaps{ranged::kDefaultGapBytes};  // the receivers' request costs, in bytes
   std::string work = "/tmp/deltasync-scale-model";
 };

@@ -47,7 +47,12 @@ inline constexpr std::string_view kDataSuffix = ".cdata";
 // verified by a hash chain from the header. The blocks themselves are the same in both.
 inline constexpr uint32_t kLayout1 = 1;
 inline constexpr uint32_t kLayout2 = 2;
-inline constexpr uint32_t kDefaultLayout = kLayout2;
+// A standalone delta file (`deltasync diff`, write_compact_delta with default options) keeps
+// layout 1: it names its tensors, so a file applied to another model is refused naming the tensor
+// that differs. Publishers write layout 2 (their manifests carry the tensor table the records
+// index; receivers read their records by ranges).
+inline constexpr uint32_t kDefaultLayout = kLayout1;
+inline constexpr uint32_t kPublisherDefaultLayout = kLayout2;
 inline bool is_known_layout(uint32_t layout) { return layout == kLayout1 || layout == kLayout2; }
 
 struct Options {

@@ -552,7 +552,13 @@ std::optional<ranged::NeededRanges> MappedReceiver::needed_ranges() const {
     std::vector<ranged::ElementSpan> merged = ranged::merge_spans(std::move(spans[t]));
     const uint64_t n = model_.hf[t].numel();
     everything = everything && served_[t] && (n == 0 || (merged.size() == 1 && merged[0] == ranged::ElementSpan{0, n}));
-    if (!served_[t]) continue;  // nothing of it is written here
+    if (!served_[t]) {
+      // Nothing of it is written here (a tied lm_head), but its digests are part of the version's
+      // verified state: no elements, its records only (an indexed delta keeps them out of the
+      // JSON header, so a tensor not named here would keep its old digest).
+      needed.emplace(model_.hf[t].name, ranged::NeededTensor{model_.hf[t].shape, {}});
+      continue;
+    }
     if (!merged.empty()) needed.emplace(model_.hf[t].name, ranged::NeededTensor{model_.hf[t].shape, std::move(merged)});
   }
   // A rank that holds the whole model (TP=1) reads whole objects, once, SHA-256 checked.

@@ -66,7 +66,7 @@ struct PublisherOptions {
   // The compact container: 2, the indexed layout (a header of one size, binary records a ranged
   // reader fetches per tensor: what receivers of a many-tensor model need), or 1, a NAME.cindex
   // and NAME.cdata entry per tensor named in the header (what deltasync wrote before).
-  uint32_t compact_layout = compact::kDefaultLayout;
+  uint32_t compact_layout = compact::kPublisherDefaultLayout;
   // Fencing (protocol.hpp): the run this publisher belongs to. Publishers that name no run are one
   // run, "unnamed": a second one is a restart and fences the first off. A store held by another
   // run is refused unless `take_over`.

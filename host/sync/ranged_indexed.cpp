@@ -55,7 +55,8 @@ void read_indexed(RangeReader& reader, const SealedHeader& header, const NeededR
   std::vector<uint64_t> pages;
   for (const auto& [name, need] : needed) {
     const std::optional<uint32_t> ordinal = table.ordinal(name);
-    if (!need.spans.empty() && ordinal && presence.has(*ordinal)) wanted.push_back(Wanted{&name, &need, *ordinal, {}, {}, {}});
+    // A tensor needed without elements still wants its record: its digests.
+    if (ordinal && presence.has(*ordinal)) wanted.push_back(Wanted{&name, &need, *ordinal, {}, {}, {}});
   }
   std::sort(wanted.begin(), wanted.end(), [](const Wanted& a, const Wanted& b) { return a.ordinal < b.ordinal; });
   for (const Wanted& w : wanted) {
@@ -81,7 +82,7 @@ void read_indexed(RangeReader& reader, const SealedHeader& header, const NeededR
     if (w.record.ordinal != w.ordinal)
       throw BadInputError(label + ": record " + std::to_string(k) + " has ordinal " + std::to_string(w.record.ordinal) +
                           ", the presence bitmap says " + std::to_string(w.ordinal));
-    if (w.record.index_bytes == 0) continue;
+    if (w.record.index_bytes == 0 || w.need->spans.empty()) continue;
     if (scope.placements && !placement_overlaps(scope.placements->placement(*w.name, scope.part), w.need->spans)) continue;
     if (w.record.index_offset > layout.index.nbytes() || w.record.index_bytes > layout.index.nbytes() - w.record.index_offset)
       throw BadInputError(label + ": tensor " + *w.name + ": its block index entry runs past " + std::string(ix::kIndex));

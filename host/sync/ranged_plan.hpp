@@ -33,7 +33,8 @@ struct NeededTensor {
   std::vector<uint64_t> shape;
   std::vector<ElementSpan> spans;
 };
-// Per published tensor; a tensor absent is not needed at all (a tied lm_head nobody serves).
+// Per published tensor. Empty spans: none of its elements, its digests only (a tied lm_head this
+// receiver does not write: an indexed delta's record); absent: not needed at all.
 using NeededRanges = std::map<std::string, NeededTensor, std::less<>>;
 
 using compact::merge_spans;
