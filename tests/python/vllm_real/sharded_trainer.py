@@ -40,6 +40,10 @@ def main() -> None:
         if rank == 0:
             tm.save(model, out / f"v{v}")
             print("OUTCOME", json.dumps(outcome), flush=True)
+    # Every rank leaves together (as sharded/sharded_rank.py does): rank 0 is still saving the
+    # last checkpoint when rank 1 is done, and tearing gloo down under a peer's feet ended rank 1
+    # once with "terminate called without an active exception" after both versions committed.
+    dist.barrier()
     dist.destroy_process_group()
 
 
