@@ -18,7 +18,8 @@ import torch
 import deltasync
 from deltasync.errors import InvalidArgumentError
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
 import vllm_standin as vs  # noqa: E402
 
 from deltasync.vllm import DeltaWorkerExtension  # noqa: E402
@@ -206,7 +207,9 @@ DTENSOR_RANK = textwrap.dedent("""
         deltasync.ShardedDeltaPublisher({"w": w}, store=sys.argv[1] + "-mesh2")
     except ValueError as e:
         print("SHARDED REFUSED", e, flush=True)
-    dist.destroy_process_group()
+    sys.path.append(sys.argv[2])
+    from rank_exit import leave  # together, and without Python's finalization (tests/python/rank_exit.py)
+    leave()
 """)
 
 
@@ -224,7 +227,7 @@ def test_fsdp2_dtensor_parameters_are_refused_by_the_plain_publisher_and_taken_b
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, str(script), f"file://{tmp_path}/store"], env=env,
+        procs.append(subprocess.Popen([sys.executable, str(script), f"file://{tmp_path}/store", str(HERE)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     for rank, (p, out) in enumerate(zip(procs, outputs)):

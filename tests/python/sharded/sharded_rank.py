@@ -37,6 +37,10 @@ import deltasync
 from deltasync.errors import DeltaSyncError
 from deltasync.sharded import ShardedPublishError
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rank_exit import leave  # noqa: E402
+
+
 
 def fsdp2_model(mesh):
     from torch.distributed.fsdp import fully_shard
@@ -150,7 +154,7 @@ def main():
         except ShardedPublishError as e:
             print("REFUSED", e, flush=True)
             print("OUTCOME", json.dumps(pub.last_outcome), flush=True)
-        dist.destroy_process_group()
+        leave()
         return
 
     model = dtensor_model(mesh) if mode == "dtensor" else fsdp2_model(mesh)
@@ -168,7 +172,7 @@ def main():
                 pub = CallbackPublisher(model, store, resume=True)
         except DeltaSyncError as e:
             print("REFUSED", type(e).__name__, e, flush=True)
-            dist.destroy_process_group()
+            leave()
             return
     elif mode == "fenced":
         try:
@@ -177,7 +181,7 @@ def main():
                                                   take_over=os.environ.get("DS_TAKE_OVER") == "1")
         except DeltaSyncError as e:
             print("REFUSED", type(e).__name__, e, flush=True)
-            dist.destroy_process_group()
+            leave()
             return
         print("FENCE", json.dumps(pub.fence), flush=True)
     else:
@@ -231,8 +235,7 @@ def main():
         if mode == "trl-resume" and version == first:
             print_resumed(pub.callback.sync.publisher, model)
         print("VERSION", version, json.dumps(outcome), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # rank_exit
 import tiny_models as tm  # noqa: E402
 from test_follow_store import sparse_step  # noqa: E402
+from rank_exit import leave  # noqa: E402
 
 import deltasync  # noqa: E402
 
@@ -40,11 +42,7 @@ def main() -> None:
         if rank == 0:
             tm.save(model, out / f"v{v}")
             print("OUTCOME", json.dumps(outcome), flush=True)
-    # Every rank leaves together (as sharded/sharded_rank.py does): rank 0 is still saving the
-    # last checkpoint when rank 1 is done, and tearing gloo down under a peer's feet ended rank 1
-    # once with "terminate called without an active exception" after both versions committed.
-    dist.barrier()
-    dist.destroy_process_group()
+    leave()  # every rank together, and without Python's finalization (tests/python/rank_exit.py)
 
 
 if __name__ == "__main__":
