@@ -4,6 +4,7 @@ environment with this checkout's deltasync (scripts/lib/vllm_env.sh, after scrip
     source scripts/lib/vllm_env.sh   # with ROOT=$PWD
     in_vllm_env benchmarks/vllm_index_map.py            # 0.17B and 0.6B (Qwen3-0.6B) shapes
     in_vllm_env benchmarks/vllm_index_map.py --shapes 0.6b --shares 0.01
+    in_vllm_env benchmarks/vllm_index_map.py --shapes 0.6b --shares 0.15 --compact-version 2
 
 For each shape: a vLLM engine on a random-weight bf16 checkpoint of that shape (config and
 weights made here; in-process, with the test plugin that keeps vLLM-CPU's linear weights in their
@@ -86,7 +87,7 @@ def _bump(hf: dict, share: float, g) -> list[tuple[str, object, object]]:
     return changes
 
 
-def _measure_in_worker(worker, hf, checkpoint, shares, repeat, store_dir):
+def _measure_in_worker(worker, hf, checkpoint, shares, repeat, store_dir, compact_version):
     import torch
 
     import deltasync
@@ -102,7 +103,7 @@ def _measure_in_worker(worker, hf, checkpoint, shares, repeat, store_dir):
     elements = sum(t.numel() for t in hf.values())
     store = f"file://{store_dir}"
     rows = {"elements": elements, "shares": []}
-    with deltasync.DeltaPublisher(hf, store=store, anchor_every=1 << 30) as pub:
+    with deltasync.DeltaPublisher(hf, store=store, anchor_every=1 << 30, compact_version=compact_version) as pub:
         pub.publish(0)
         pub.flush()
         sub = WorkerSubscriber(model, checkpoint=checkpoint)
@@ -154,6 +155,8 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--shares", nargs="+", type=float, default=[0.001, 0.01, 0.05, 0.15])
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--compact-version", type=int, default=1, choices=[1, 2],
+                        help="the deltas' compact layout version (the publisher's compact_version)")
     args = parser.parse_args()
     _setup_environment()
     from vllm import LLM
@@ -169,12 +172,14 @@ def main():
             store_dir = Path(tmp) / "bucket"
             # In-process (one rank, no worker process): the worker measures on these very tensors.
             results[name] = llm.collective_rpc(
-                lambda w: _measure_in_worker(w, hf, str(folder), args.shares, args.repeat, store_dir))[0]
+                lambda w: _measure_in_worker(w, hf, str(folder), args.shares, args.repeat, store_dir,
+                                             args.compact_version))[0]
             llm.llm_engine.engine_core.shutdown()
             del llm
     import vllm
 
-    print(f"vLLM {vllm.__version__} (vllm-cpu), {os.cpu_count()} CPU cores; best of {args.repeat}\n")
+    print(f"vLLM {vllm.__version__} (vllm-cpu), {os.cpu_count()} CPU cores; compact_version {args.compact_version}; "
+          f"best of {args.repeat}\n")
     print("| shape | HF elements | runs | check s | learn s | connect s | anchor s | anchor check s | anchor write s "
           "| anchor audit s |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -99,6 +99,7 @@ TEST(PublisherOptions, TableReachesEveryOptionOnce) {
   EXPECT_EQ(o.parallel_uploads, d.parallel_uploads + 7);
   EXPECT_EQ(o.keep_anchors, d.keep_anchors + 7);
   EXPECT_EQ(o.delta_format, "trl");
+  EXPECT_EQ(o.compact_version, d.compact_version + 7);
 }
 
 TEST(PublisherOptions, RefusesOptionsNoPublisherCanWorkWith) {
@@ -111,6 +112,9 @@ TEST(PublisherOptions, RefusesOptionsNoPublisherCanWorkWith) {
   o = {};
   o.anchor_share = -0.5;
   EXPECT_EQ(error_message([&] { check_options(o); }), "publisher: option anchor_share must be a non-negative number");
+  o = {};
+  o.compact_version = 3;
+  EXPECT_EQ(error_message([&] { check_options(o); }), "publisher: option compact_version must be 1 or 2");
   EXPECT_NO_THROW(check_options(PublisherOptions{}));
 }
 

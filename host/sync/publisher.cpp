@@ -142,6 +142,8 @@ void check_options(const PublisherOptions& options) {
     throw Error("publisher: option compact_max_tiles must be 1, 2, 4 or 8", ErrorKind::kInvalidArgument);
   if (!compact::is_known_layout(options.compact_layout))
     throw Error("publisher: option compact_layout must be 1 or 2", ErrorKind::kInvalidArgument);
+  if (!compact::is_known_version(options.compact_version))
+    throw Error("publisher: option compact_version must be 1 or 2", ErrorKind::kInvalidArgument);
 }
 
 compact::Options compact_options(const PublisherOptions& options) {
@@ -149,6 +151,7 @@ compact::Options compact_options(const PublisherOptions& options) {
   out.block_elements = options.compact_block_elements;
   out.max_tiles = options.compact_max_tiles;
   out.layout = options.compact_layout;
+  out.version = options.compact_version;
   return out;
 }
 
@@ -173,6 +176,11 @@ Publisher::Publisher(std::shared_ptr<Store> store, std::vector<TensorMeta> tenso
   if (format_ == DeltaFormat::Compact && engine_->shadow_kind() == engine::ShadowKind::kLowByte)
     throw Error("publisher: format 'compact' codes values relative to the base bits, which the low-memory shadow does "
                 "not keep; use format 'trl' with the low-memory shadow",
+                ErrorKind::kInvalidArgument);
+  if (format_ == DeltaFormat::Compact && options_.compact_version != compact::kFormatVersion1 &&
+      engine_->device() != engine::Device::kCpu)
+    throw Error("publisher: compact_version " + std::to_string(options_.compact_version) +
+                    " is written by the CPU encoder only; this engine runs on " + std::string(engine::device_name(engine_->device())),
                 ErrorKind::kInvalidArgument);
   options_.max_pending = std::max<size_t>(options_.max_pending, 1);
   for (const auto& t : tensors_) model_bytes_ += t.numel() * t.width();

@@ -67,6 +67,10 @@ struct PublisherOptions {
   // reader fetches per tensor: what receivers of a many-tensor model need), or 1, a NAME.cindex
   // and NAME.cdata entry per tensor named in the header (what deltasync wrote before).
   uint32_t compact_layout = compact::kPublisherDefaultLayout;
+  // The compact layout's version (docs/compact-format.md): 1, or 2 (32 rANS lanes, which a CPU
+  // core decodes with SIMD and a GPU warp in lockstep; its GPU decoder has not yet run on a GPU,
+  // and the GPU encoder writes 1 only).
+  uint32_t compact_version = compact::kDefaultFormatVersion;
   // Fencing (protocol.hpp): the run this publisher belongs to. Publishers that name no run are one
   // run, "unnamed": a second one is a restart and fences the first off. A store held by another
   // run is refused unless `take_over`.
@@ -94,6 +98,8 @@ inline auto publisher_option_fields() {
                      "most column bands and row stripes per compact tensor, 1, 2, 4 or 8 (1: none; TP receivers read their tiles)"),
       fields::member("compact_layout", &O::compact_layout,
                      "compact container: 2 indexed (binary records read by ranges), 1 one NAME.cindex/NAME.cdata pair per tensor"),
+      fields::member("compact_version", &O::compact_version,
+                     "compact layout version, 1 or 2 (2: 32 rANS lanes, SIMD decode on CPUs; CPU encoder only)"),
       fields::member("run_id", &O::run_id, "the run this publisher belongs to (empty: \"unnamed\"); a store held by another run is refused"),
       fields::member("take_over", &O::take_over, "take over a store held by another run (never the default)"));
 }

@@ -51,6 +51,13 @@ def assert_fresh_tp2(workers, trainer, label):
             assert torch.equal(p.detach().view(torch.int16), wanted[n].view(torch.int16)), f"{label} rank {rank}: {n}"
 
 
+def delta_metadata(store_dir: Path, version: int) -> dict:
+    manifest = json.loads((store_dir / "manifests" / f"{version:020d}.json").read_text())
+    raw = (store_dir / manifest["delta"]["key"]).read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8:8 + header_len])["__metadata__"]
+
+
 def first_payload_byte(header: dict, layout: int) -> int:
     """Data offset of a byte inside the first block of embed_tokens (the first tensor in both
     layouts' order: file order in layout 1, natural name order in layout 2)."""
@@ -58,8 +65,10 @@ def first_payload_byte(header: dict, layout: int) -> int:
     return header[key]["data_offsets"][0] + 8
 
 
-@pytest.mark.parametrize("layout", [1, 2])
-def test_each_rank_reads_its_share_of_every_delta_and_refuses_a_tampered_block_with_the_others(tmp_path, layout):
+# (container layout, compact_version): both containers in version 1, and the indexed layout with
+# version 2's 32 rANS lanes (the publisher's compact_version option; SIMD decode on the CPU).
+@pytest.mark.parametrize("layout,version", [(1, 1), (2, 1), (2, 2)])
+def test_each_rank_reads_its_share_of_every_delta_and_refuses_a_tampered_block_with_the_others(tmp_path, layout, version):
     trainer = vs.HFModel(CONFIG, seed=0)
     store_dir = tmp_path / "bucket"
     store = f"file://{store_dir}"
@@ -67,7 +76,7 @@ def test_each_rank_reads_its_share_of_every_delta_and_refuses_a_tampered_block_w
     # anchor_share=0: deltas only (three of this small model's deltas would pass the default share,
     # and an anchor at version 3 would let the ranks recover past the tampered delta).
     with deltasync.DeltaPublisher(trainer, store=store, anchor_every=0, anchor_share=0, compact_block_elements=32,
-                                  compact_layout=layout) as pub:
+                                  compact_layout=layout, compact_version=version) as pub:
         pub.publish(0)
         pub.flush()
         vs.on_all_ranks(workers, "deltasync_init", store)
@@ -75,6 +84,7 @@ def test_each_rank_reads_its_share_of_every_delta_and_refuses_a_tampered_block_w
             sparse_step(trainer, v)
             pub.publish(v)
             pub.flush()
+            assert delta_metadata(store_dir, v)["compact_version"] == str(version)
             reports = vs.on_all_ranks(workers, "deltasync_update")
             for rank, r in enumerate(reports):
                 assert r["to_version"] == v and r["deltas"] == [v]
