@@ -123,12 +123,14 @@ def test_follower_holds_a_torn_anchor_until_a_later_anchor(tmp_path):
             assert status["served"] is None and "injected failure" in status["broken"], status
             assert status["stalled"], status
 
-            # Version 1 is visible before the writes may succeed again: the follower's next try is
-            # the later anchor (a retry of version 0 that succeeded first would restore service too).
+            # Version 1 is visible before the writes may succeed again. The follower's next try is
+            # the later anchor once its polling thread has seen it; a retry of version 0 that comes
+            # first restores service at version 0 (seen in a CI run: served 0, nothing newer seen
+            # yet), and version 1 follows at a later step. Each generate drives the engine's steps.
             trainer.publish(1, force_anchor=True)
             llm.collective_rpc(_fail_anchor_writes, args=(None,))
-            while _refused(llm):  # until the follower wrote version 1
-                assert time.monotonic() < give_up, f"the follower did not restore service: {follower.status()}"
+            while _refused(llm) or follower.served != 1:
+                assert time.monotonic() < give_up, f"the follower did not reach version 1: {follower.status()}"
                 time.sleep(POLL)
             served = eng.generate(llm)
             assert llm.get_weight_version() == "1" and follower.served == 1, follower.status()
