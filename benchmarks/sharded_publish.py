@@ -31,6 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
+# Every rank leaves the group together and exits without Python's finalization, which can race
+# gloo's run-loop threads (tests/python/rank_exit.py). Ends the workers here and in sharded_resume.py.
+WORKER_LEAVE = r'''
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+'''
+
 # The ranks' model and their optimizer "step" (benchmarks/sharded_resume.py starts from it too).
 WORKER_SETUP = r'''
 import json, os, sys, time, datetime
@@ -119,12 +128,7 @@ if mode == "sharded":
     partials.update(reduce_bytes_per_rank=16 * T, gather_bytes_at_rank0=8 * T * (world - 1))
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
     json.dump({"rows": rows, "partials": partials}, f)
-dist.barrier()
-dist.destroy_process_group()
-# Without Python's finalization, which can race gloo's run-loop threads (tests/python/rank_exit.py).
-sys.stdout.flush()
-os._exit(0)
-'''
+''' + WORKER_LEAVE
 
 
 def free_port() -> int:

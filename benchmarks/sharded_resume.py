@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sharded_publish import WORKER_SETUP, free_port
+from sharded_publish import WORKER_LEAVE, WORKER_SETUP, free_port
 
 # mode: publish (the first group) or resume (the restarted one); steps: the first group's versions.
 WORKER = WORKER_SETUP + r'''
@@ -45,12 +45,7 @@ for v in range(first, first + count):
                                           "delta_bytes": o["delta_bytes"], "anchor_bytes": o["anchor_bytes"]})
 with open(os.path.join(out, f"{mode}-rank{rank}.json"), "w") as f:
     json.dump(row, f)
-dist.barrier()
-dist.destroy_process_group()
-# Without Python's finalization, which can race gloo's run-loop threads (tests/python/rank_exit.py).
-sys.stdout.flush()
-os._exit(0)
-'''
+''' + WORKER_LEAVE
 
 
 def launch(phase: str, world: int, store: str, out: Path, args, script: Path) -> list[dict]:

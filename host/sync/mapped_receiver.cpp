@@ -61,8 +61,8 @@ struct MappedReceiver::Prepared {
   std::vector<uint8_t> gathered;        // old bits in segment order
   // The compact delta decoded (positions, values, band scratch): kept with the rest, so that the
   // next delta decodes into memory already mapped. Allocated afresh per delta, a 15% delta of
-  // Qwen3-0.6B (89M changes, ~1 GB of arrays) spent 5.1 of 6.4 s of its apply in the page faults
-  // of that memory on this project's VM, and 0.76 s with it kept (vllm_index_map.py).
+  // Qwen3-0.6B (89M changes, ~1 GB of arrays) spent 5.1 of 6.4 s of its apply decoding into
+  // fresh pages on this project's VM; kept, the decode takes 0.62-0.71 s (vllm_index_map.py).
   compact::DecodedDelta decoded;
   uint64_t elements = 0;
 

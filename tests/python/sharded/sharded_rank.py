@@ -41,7 +41,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rank_exit import leave  # noqa: E402
 
 
-
 def fsdp2_model(mesh):
     from torch.distributed.fsdp import fully_shard
 
