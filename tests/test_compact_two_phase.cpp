@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compact_test_support.hpp"
+#include "codec/compact_tiles.hpp"
 #include "codec/compact_two_phase.hpp"
 #include "engine/cpu_engine.hpp"
 #include "core/error.hpp"
@@ -20,13 +21,19 @@ using namespace compact_test;
 
 namespace {
 
-// One tensor per weight dtype, random base bits, ~5% changed by one of three kinds of change.
+// One tensor per weight dtype, and a bf16 matrix the codec cuts into tiles (its blocks decode in
+// coded order, merged back into flat order); random base bits, ~5% changed by one of three kinds
+// of change.
 Model random_model(uint64_t seed) {
   std::mt19937_64 rng(seed);
   Model m;
-  const ds::DType dtypes[] = {ds::DType::BF16, ds::DType::F16, ds::DType::F32, ds::DType::F8_E4M3, ds::DType::F8_E5M2};
-  for (ds::DType dtype : dtypes) {
-    m.add("t." + std::string(ds::dtype_name(dtype)), dtype, 3000 + rng() % 2000);
+  const ds::DType dtypes[] = {ds::DType::BF16, ds::DType::F16, ds::DType::F32, ds::DType::F8_E4M3, ds::DType::F8_E5M2, ds::DType::BF16};
+  for (size_t d = 0; d < std::size(dtypes); ++d) {
+    const ds::DType dtype = dtypes[d];
+    if (d + 1 < std::size(dtypes))
+      m.add("t." + std::string(ds::dtype_name(dtype)), dtype, 3000 + rng() % 2000);
+    else
+      m.add_shaped("tiled.w", dtype, {256, 512});
     const uint32_t w = m.meta.back().width();
     const uint64_t numel = m.meta.back().numel();
     std::vector<uint8_t>& base = m.base.back();
@@ -67,6 +74,8 @@ TEST(CompactTwoPhase, UnbasedDecodeThenRebaseEqualsDirectDecode) {
     const ds::st::File file = compact_file(m);
     compact::DecodedDelta direct, unbased;
     const auto refs = m.base_refs();
+    const size_t last = m.meta.size() - 1;
+    ASSERT_GT(compact::choose_tiles(m.meta[last].shape, m.delta.view().count(last), 64, compact::Options{}.max_tiles).bands, 1u);
     compact::decode_compact_delta(file, m.meta, refs, direct);
     compact::decode_compact_delta_unbased(file, m.meta, unbased);
     EXPECT_EQ(unbased.storage.offsets, direct.storage.offsets);
@@ -74,6 +83,12 @@ TEST(CompactTwoPhase, UnbasedDecodeThenRebaseEqualsDirectDecode) {
     EXPECT_EQ(unbased.changed_names, direct.changed_names);
     EXPECT_EQ(unbased.info.model_version, 2u);
     EXPECT_NE(unbased.storage.values, direct.storage.values);  // really relative to a zero base
+    EXPECT_TRUE(unbased.storage.base_values.empty());              // no base, no base bits
+    // A decoded delta reused from a decode against the base gives the same unbased result.
+    compact::decode_compact_delta_unbased(file, m.meta, direct);
+    EXPECT_EQ(direct.storage.values, unbased.storage.values);
+    EXPECT_TRUE(direct.storage.base_values.empty());
+    compact::decode_compact_delta(file, m.meta, refs, direct);
 
     // Phase 2: gather the base bits at the positions, rebase per tensor.
     std::vector<uint8_t> rebased(unbased.storage.values.size());

@@ -10,6 +10,7 @@
 
 #include "engine/cpu_engine.hpp"
 #include "core/error.hpp"
+#include "test_support.hpp"
 
 using namespace deltasync;
 
@@ -220,4 +221,44 @@ TEST(Apply, AcceptsInt32IndicesAndLongPatchesAcrossTasks) {
   // A descent exactly at a task boundary (position 2^18) is caught too.
   std::swap(idx[1u << 18], idx[(1u << 18) - 1]);
   EXPECT_THROW(cpu::apply({&t, 1}, {&p, 1}), Error);
+}
+
+TEST(Gather, EveryWidthAndIndexWidthInAnyOrderAcrossTasksMatchesAnElementLoop) {
+  std::mt19937_64 rng(5);
+  for (const uint32_t width : {1u, 2u, 4u})
+    for (const uint32_t index_width : {4u, 8u}) {
+      // Two tensors; the second's positions span several gather tasks (2^18 each), unsorted, repeated.
+      const uint64_t small = 1000, big = 3u << 19;
+      std::vector<uint8_t> a(small * width), b(big * width);
+      for (auto& x : a) x = static_cast<uint8_t>(rng());
+      for (auto& x : b) x = static_cast<uint8_t>(rng());
+      std::vector<int64_t> pa{0, 999, 5, 5}, pb;
+      for (uint64_t k = 0; k < big / 2 + 7; ++k) pb.push_back(static_cast<int64_t>(rng() % big));
+      std::vector<int32_t> pa32(pa.begin(), pa.end()), pb32(pb.begin(), pb.end());
+      const void* ia = index_width == 8 ? static_cast<const void*>(pa.data()) : pa32.data();
+      const void* ib = index_width == 8 ? static_cast<const void*>(pb.data()) : pb32.data();
+      ConstTensorRef sources[] = {{"a", a.data(), small, width}, {"b", b.data(), big, width}};
+      PatchRef where[] = {{pa.size(), ia, index_width, nullptr, width}, {pb.size(), ib, index_width, nullptr, width}};
+      std::vector<uint8_t> out((pa.size() + pb.size()) * width), expected;
+      for (int64_t i : pa) expected.insert(expected.end(), a.begin() + i * width, a.begin() + (i + 1) * width);
+      for (int64_t i : pb) expected.insert(expected.end(), b.begin() + i * width, b.begin() + (i + 1) * width);
+      cpu::gather(sources, where, out);
+      ASSERT_EQ(out, expected) << "width " << width << ", index width " << index_width;
+    }
+}
+
+TEST(Gather, NamesTheFirstPositionOutsideItsTensorInPatchOrder) {
+  std::vector<uint16_t> a(10), b(1u << 20);
+  // b's bad positions lie in two different tasks; a's comes first in patch order.
+  std::vector<int64_t> pa{3, 10}, pb(600000, 1);
+  pb[300000] = -2;
+  pb[500000] = int64_t{1} << 20;
+  ConstTensorRef sources[] = {{"a", a.data(), a.size(), 2}, {"b", b.data(), b.size(), 2}};
+  PatchRef where[] = {{pa.size(), pa.data(), 8, nullptr, 2}, {pb.size(), pb.data(), 8, nullptr, 2}};
+  std::vector<uint8_t> out((pa.size() + pb.size()) * 2);
+  EXPECT_EQ(error_message([&] { cpu::gather(sources, where, out); }), "gather: tensor a: position 10 out of range");
+  pa[1] = 9;
+  EXPECT_EQ(error_message([&] { cpu::gather(sources, where, out); }), "gather: tensor b: position -2 out of range");
+  std::vector<uint8_t> short_out(out.size() - 1);
+  EXPECT_EQ(error_message([&] { cpu::gather(sources, where, short_out); }), "gather: output too small");
 }

@@ -9,6 +9,7 @@
 #include "codec/compact_tile_order.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
+#include "core/scratch.hpp"
 
 namespace deltasync::compact {
 namespace {
@@ -201,9 +202,15 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
   SparseDelta& s = out.storage;
   layout_offsets(parsed, base_meta, s.offsets, s.value_offsets);
   const size_t T = base_meta.size();
-  s.indices.resize(s.offsets[T]);
-  s.values.resize(s.value_offsets[T]);
-  s.base_values.resize(s.value_offsets[T]);
+  resize_scratch(s.indices, s.offsets[T]);
+  resize_scratch(s.values, s.value_offsets[T]);
+  // Decoding against no base at all (compact_two_phase.hpp) has no base bits to give: none are
+  // written (they would be zeros), which spares a receiver a pass over 2 bytes per change.
+  const bool unbased = std::all_of(base.begin(), base.end(), [](const ConstTensorRef& b) { return b.data == nullptr; });
+  if (unbased)
+    s.base_values.clear();
+  else
+    resize_scratch(s.base_values, s.value_offsets[T]);
   out.changed_names.clear();
   for (const EncodedTensorView& e : encoded) out.changed_names.emplace_back(e.name);
 
@@ -236,13 +243,14 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     coded_changes += p.changed;
     coded_bytes += p.changed * base[p.base_index].width;
   }
-  coded.indices.resize(coded_changes + kMergeSlack);
-  coded.values.resize(coded_bytes + kMergeSlack * 4);
+  resize_scratch(coded.indices, coded_changes + kMergeSlack);
+  resize_scratch(coded.values, coded_bytes + kMergeSlack * 4);
   coded.base_values.clear();
   for (size_t i = 0, at = 0, byte_at = 0; i < parsed.size(); ++i) {
     const size_t t = parsed[i].base_index;
     if (parsed[i].tiles.bands == 1) {
-      place[i] = {s.indices.data() + s.offsets[t], s.values.data() + s.value_offsets[t], s.base_values.data() + s.value_offsets[t]};
+      place[i] = {s.indices.data() + s.offsets[t], s.values.data() + s.value_offsets[t],
+                  unbased ? nullptr : s.base_values.data() + s.value_offsets[t]};
       continue;
     }
     place[i] = {coded.indices.data() + at, coded.values.data() + byte_at, nullptr};
@@ -320,7 +328,7 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     const uint64_t at = s.offsets[t] + m.first;
     merge_stripe(p.tiles, m.stripe, tile_starts[m.parsed], changes, width, std::span(s.indices).subspan(at, m.count),
                  std::span(s.values).subspan(s.value_offsets[t] + m.first * width, m.count * width),
-                 std::span(s.base_values).subspan(s.value_offsets[t] + m.first * width, m.count * width),
+                 unbased ? std::span<uint8_t>() : std::span(s.base_values).subspan(s.value_offsets[t] + m.first * width, m.count * width),
                  static_cast<const uint8_t*>(base[t].data));
   });
 }

@@ -182,7 +182,8 @@ void merge_w(const TileGeometry& g, uint32_t s, const uint64_t* tile_starts, con
       from[k] = c + n;
     }
   }
-  if constexpr (kMode == 1) std::memset(out.base_bits, 0, out.count * W);
+  if constexpr (kMode == 1)
+    if (out.base_bits != nullptr) std::memset(out.base_bits, 0, out.count * W);
   if constexpr (kMode == 2)
     for (uint64_t i = 0; i < out.count; ++i) {
       if (i + kRebaseLag < out.count) __builtin_prefetch(base + static_cast<uint64_t>(out.positions[i + kRebaseLag]) * W);

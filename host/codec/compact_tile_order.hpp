@@ -77,7 +77,7 @@ inline constexpr size_t kMergeSlack = 3;
 // `coded` into tiles, whose arrays stay readable kMergeSlack changes past their end. With `base` (the whole tensor, `width` bytes per element; `coded` then has
 // no base bits) the new bits are rebased onto the base bits at the flat positions, gathered in
 // ascending order, and out_base_bits get those; without, the bits move as they are (base bits
-// zeros when `coded` has none).
+// zeros when `coded` has none, or none written when out_base_bits is empty).
 void merge_stripe(const TileGeometry& tiles, uint32_t stripe, std::span<const uint64_t> tile_starts, const CodedChanges& coded,
                   uint32_t width, std::span<int64_t> out_positions, std::span<uint8_t> out_new_bits,
                   std::span<uint8_t> out_base_bits, const uint8_t* base = nullptr);

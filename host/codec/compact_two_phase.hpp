@@ -17,7 +17,7 @@
 namespace deltasync::compact {
 
 // Like decode_compact_delta() with every base tensor all zeros. out.storage.values hold the
-// unbased bits, out.storage.base_values zeros. Same validation and errors (except that nothing
+// unbased bits; out.storage.base_values is empty (there are none). Same validation and errors (except that nothing
 // about the base's contents is known).
 std::vector<PatchRef> decode_compact_delta_unbased(const st::File& file, std::span<const TensorMeta> base_meta,
                                                    DecodedDelta& out, const Options& options = {});

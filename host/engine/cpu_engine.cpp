@@ -228,6 +228,27 @@ void scatter(uint8_t* dst, const PatchRef& p, const uint8_t* src, uint64_t begin
     scatter_typed<W>(dst, static_cast<const int64_t*>(p.indices), src, begin, end);
 }
 
+// The gather's twin of scatter_typed: the sources are as far apart as the scatter's
+// destinations, so the same prefetch distance hides their misses. Returns the first task-local
+// position outside [0, numel) (its index in the patch), or -1.
+template <uint32_t W, typename Index>
+int64_t gather_typed(const uint8_t* src, uint64_t numel, const Index* idx, uint8_t* out, uint64_t begin, uint64_t end) {
+  constexpr uint64_t kAhead = 32;
+  for (uint64_t j = begin; j < end; ++j) {
+    const auto i = static_cast<uint64_t>(idx[j]);  // a negative position wraps past numel
+    if (i >= numel) return static_cast<int64_t>(j);
+    if (j + kAhead < end) __builtin_prefetch(src + static_cast<uint64_t>(idx[j + kAhead]) * W, 0);
+    std::memcpy(out + j * W, src + i * W, W);
+  }
+  return -1;
+}
+
+template <uint32_t W>
+int64_t gather_range(const uint8_t* src, uint64_t numel, const PatchRef& p, uint8_t* out, uint64_t begin, uint64_t end) {
+  if (p.index_width == 4) return gather_typed<W>(src, numel, static_cast<const int32_t*>(p.indices), out, begin, end);
+  return gather_typed<W>(src, numel, static_cast<const int64_t*>(p.indices), out, begin, end);
+}
+
 std::vector<PatchTask> split_patches(std::span<const PatchRef> patches) {
   std::vector<PatchTask> tasks;
   for (size_t t = 0; t < patches.size(); ++t)
@@ -288,6 +309,40 @@ void validate(std::span<const TensorRef> targets, std::span<const PatchRef> patc
       throw Error("tensor " + name + ": index " + std::to_string(i) + " out of range [0, " + std::to_string(targets[t].numel) + ")");
     throw Error("tensor " + name + ": indices not strictly ascending at position " + std::to_string(bad_at[k]));
   }
+}
+
+void gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> positions, std::span<uint8_t> out) {
+  if (sources.size() != positions.size()) throw Error("gather: one position list per tensor expected");
+  std::vector<uint64_t> out_at(sources.size() + 1, 0);
+  for (size_t t = 0; t < sources.size(); ++t) {
+    check_width(sources[t].name, sources[t].width);
+    const PatchRef& p = positions[t];
+    if (p.count && p.index_width != 4 && p.index_width != 8)
+      throw Error("gather: tensor " + std::string(sources[t].name) + ": index width " + std::to_string(p.index_width) + " is not 4 or 8 bytes");
+    out_at[t + 1] = out_at[t] + p.count * sources[t].width;
+  }
+  if (out_at.back() > out.size()) throw Error("gather: output too small");
+  // Tasks in parallel; the error reported is the first bad position in patch order, as one
+  // thread would find it (what is gathered before it is of no use to the caller).
+  const std::vector<PatchTask> tasks = split_patches(positions);
+  std::vector<int64_t> bad_at(tasks.size(), -1);
+  parallel_for(tasks.size(), [&](size_t k) {
+    const PatchTask& task = tasks[k];
+    const ConstTensorRef& s = sources[task.tensor];
+    const auto* src = static_cast<const uint8_t*>(s.data);
+    uint8_t* dst = out.data() + out_at[task.tensor];
+    switch (s.width) {
+      case 1: bad_at[k] = gather_range<1>(src, s.numel, positions[task.tensor], dst, task.begin, task.end); break;
+      case 2: bad_at[k] = gather_range<2>(src, s.numel, positions[task.tensor], dst, task.begin, task.end); break;
+      default: bad_at[k] = gather_range<4>(src, s.numel, positions[task.tensor], dst, task.begin, task.end); break;
+    }
+  });
+  for (size_t k = 0; k < tasks.size(); ++k)
+    if (bad_at[k] >= 0) {
+      const size_t t = tasks[k].tensor;
+      throw Error("gather: tensor " + std::string(sources[t].name) + ": position " +
+                  std::to_string(index_at(positions[t], static_cast<uint64_t>(bad_at[k]))) + " out of range");
+    }
 }
 
 void apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches) {

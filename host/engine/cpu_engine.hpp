@@ -18,6 +18,11 @@ void encode(std::span<const EncodeItem> items, SparseDelta& out);
 // the tensor and writes nothing; otherwise scatters all values.
 void apply(std::span<const TensorRef> targets, std::span<const PatchRef> patches);
 
+// Copies sources[t]'s elements at positions[t] (any order; values ignored) into `out`, patch
+// after patch, back to back. Throws Error("gather: tensor NAME: position I out of range") for
+// the first position outside its tensor, in patch order; `out` is then unspecified.
+void gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> positions, std::span<uint8_t> out);
+
 // Only the validation half of apply (throws the same errors).
 void validate(std::span<const TensorRef> targets, std::span<const PatchRef> patches);
 

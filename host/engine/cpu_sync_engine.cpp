@@ -125,21 +125,7 @@ void CpuSyncEngine::write(const TensorRef& target, uint64_t offset, std::span<co
 
 void CpuSyncEngine::gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> positions,
                            std::span<uint8_t> out, TransferCounters&) {
-  if (sources.size() != positions.size()) throw Error("gather: one position list per tensor expected");
-  uint64_t at = 0;
-  for (size_t t = 0; t < sources.size(); ++t) {
-    const uint32_t w = sources[t].width;
-    const PatchRef& p = positions[t];
-    if (at + p.count * w > out.size()) throw Error("gather: output too small");
-    const auto* src = static_cast<const uint8_t*>(sources[t].data);
-    for (uint64_t k = 0; k < p.count; ++k) {
-      const int64_t i = p.index_width == 4 ? static_cast<const int32_t*>(p.indices)[k] : static_cast<const int64_t*>(p.indices)[k];
-      if (i < 0 || static_cast<uint64_t>(i) >= sources[t].numel)
-        throw Error("gather: tensor " + std::string(sources[t].name) + ": position " + std::to_string(i) + " out of range");
-      std::memcpy(out.data() + at + k * w, src + static_cast<uint64_t>(i) * w, w);
-    }
-    at += p.count * w;
-  }
+  cpu::gather(sources, positions, out);
 }
 
 void CpuSyncEngine::scatter(std::span<const TensorRef> targets, std::span<const PatchRef> patches, TransferCounters&) {

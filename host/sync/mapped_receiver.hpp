@@ -122,8 +122,10 @@ class MappedReceiver final : public Receiver {
   void reset_timings() { timings_ = {}; }
 
   // One stretch of a delta's writes: rows [row0, row0 + count) of HF tensor `tensor`
-  // (consecutive changes inside one run) into parameter `param` at positions[first, +count),
-  // each its HF index + shift.
+  // (consecutive changes inside one run) into parameter `param`, each at its HF index + shift.
+  // With shift >= 0 the writes go to the parameter seen from element `shift` on, at the rows'
+  // HF indices as they are; a negative shift (a rank holding a tensor's later rows) writes at
+  // positions[first, +count), the indices shifted.
   struct Segment {
     uint32_t param, tensor;
     uint64_t row0, count, first;
@@ -142,7 +144,9 @@ class MappedReceiver final : public Receiver {
 
   class Transaction;  // apply()'s mechanics under integrity::apply_verified (mapped_receiver.cpp)
 
-  void prepare(std::span<const PatchRef> patches, bool relative, engine::TransferCounters& transfer);
+  // `targets` are the HF tensors (names and sizes) the patches are checked against.
+  void prepare(std::span<const TensorRef> targets, std::span<const PatchRef> patches, bool relative,
+               engine::TransferCounters& transfer);
   // apply_verified over the HF tensors with `transaction`; returns the elements written.
   uint64_t apply_resolved(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, Transaction& transaction);
   std::vector<bool> served_;                              // per HF tensor: false when in model_.unserved
