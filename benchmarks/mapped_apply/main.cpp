@@ -18,7 +18,7 @@
 // yardstick, a memcpy of the changed elements' share of the model (2 B per change, contiguous).
 //
 //   deltasync-mapped-apply [--shares 0.01,0.15] [--repeats 3] [--layers 28] [--compact-version 1]
-//                          [--format compact]
+//                          [--format compact] [--max-tiles 8]
 // DELTASYNC_THREADS sets the worker threads (default: every core).
 #include <time.h>
 
@@ -162,6 +162,7 @@ int main(int argc, char** argv) try {
     else if (flag == "--layers") layers = parse_decimal(value, 1000, "--layers");
     else if (flag == "--compact-version") options.compact_version = static_cast<uint32_t>(parse_decimal(value, 2, "--compact-version"));
     else if (flag == "--format") options.delta_format = value;
+    else if (flag == "--max-tiles") options.compact_max_tiles = static_cast<uint32_t>(parse_decimal(value, 8, "--max-tiles"));
     else throw BadInputError("unknown flag " + flag);
   }
 
@@ -199,10 +200,10 @@ int main(int argc, char** argv) try {
   Subscriber subscriber(*store);
 
   std::printf("# deltasync-mapped-apply: Qwen3-0.6B shape (%llu layers, %llu bf16 elements, %zu tensors, %llu runs), "
-              "%u threads, delta format %s, compact_version %u\n\n",
+              "%u threads, delta format %s, compact_version %u, compact_max_tiles %u\n\n",
               static_cast<unsigned long long>(layers), static_cast<unsigned long long>(elements), published.size(),
               static_cast<unsigned long long>(receiver.map_runs()), worker_count(), options.delta_format.c_str(),
-              options.compact_version);
+              options.compact_version, options.compact_max_tiles);
   uint64_t version = 0;
   publisher.publish(version, current);
   publisher.flush();

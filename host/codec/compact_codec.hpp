@@ -46,9 +46,6 @@ struct DecodedDelta {
   SparseDelta storage;
   std::vector<std::string> changed_names;
   DeltaInfo info;  // filled by decode_compact_delta (model_version, base_version, other keys in extra)
-  // Scratch: tensors with column bands as their blocks decode them (coded order), before they are
-  // put in flat order into `storage`; kept so that a reused DecodedDelta reuses its memory.
-  SparseDelta coded;
 
   // patches[t] applies to base tensor t (count 0 where unchanged); valid while *this lives.
   std::vector<PatchRef> patches(std::span<const TensorMeta> base_meta) const;
