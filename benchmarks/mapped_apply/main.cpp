@@ -17,7 +17,7 @@
 // apply moves (positions 8 B + old and new bits 2 B each, per change); and, as the same-run
 // yardstick, a memcpy of the changed elements' share of the model (2 B per change, contiguous).
 //
-//   deltasync-mapped-apply [--shares 0.01,0.15] [--repeats 3] [--layers 28] [--compact-version 1]
+//   deltasync-mapped-apply [--shares 0.01,0.15] [--repeats 3] [--layers 28] [--vocab 151936] [--compact-version 1]
 //                          [--format compact] [--max-tiles 8]
 // DELTASYNC_THREADS sets the worker threads (default: every core).
 #include <time.h>
@@ -57,8 +57,8 @@ struct Published {
   uint64_t row0 = 0;
 };
 
-std::vector<Published> qwen3_tensors(uint64_t layers) {
-  const uint64_t vocab = 151936, hidden = 1024, q = 16 * 128, kv = 8 * 128, inter = 3072;
+std::vector<Published> qwen3_tensors(uint64_t layers, uint64_t vocab) {
+  const uint64_t hidden = 1024, q = 16 * 128, kv = 8 * 128, inter = 3072;
   std::vector<Published> out;
   auto add = [&](std::string name, std::vector<uint64_t> shape, std::string param = "", uint64_t row0 = 0) {
     if (param.empty()) param = name;
@@ -151,7 +151,7 @@ uint64_t bump(std::vector<std::vector<uint16_t>>& weights, double share, std::mt
 int main(int argc, char** argv) try {
   std::vector<double> shares{0.01, 0.15};
   int repeats = 3;
-  uint64_t layers = 28;
+  uint64_t layers = 28, vocab = 151936;
   PublisherOptions options;
   options.anchor_every = 0;
   options.anchor_share = 1e9;  // deltas only after the first anchor
@@ -160,13 +160,14 @@ int main(int argc, char** argv) try {
     if (flag == "--shares") shares = parse_list(value);
     else if (flag == "--repeats") repeats = static_cast<int>(parse_decimal(value, 1000, "--repeats"));
     else if (flag == "--layers") layers = parse_decimal(value, 1000, "--layers");
+    else if (flag == "--vocab") vocab = parse_decimal(value, uint64_t{1} << 24, "--vocab");
     else if (flag == "--compact-version") options.compact_version = static_cast<uint32_t>(parse_decimal(value, 2, "--compact-version"));
     else if (flag == "--format") options.delta_format = value;
     else if (flag == "--max-tiles") options.compact_max_tiles = static_cast<uint32_t>(parse_decimal(value, 8, "--max-tiles"));
     else throw BadInputError("unknown flag " + flag);
   }
 
-  const std::vector<Published> published = qwen3_tensors(layers);
+  const std::vector<Published> published = qwen3_tensors(layers, vocab);
   std::vector<TensorMeta> meta;
   uint64_t elements = 0;
   for (const Published& p : published) {
@@ -199,9 +200,9 @@ int main(int argc, char** argv) try {
   Publisher publisher(store, meta, options);
   Subscriber subscriber(*store);
 
-  std::printf("# deltasync-mapped-apply: Qwen3-0.6B shape (%llu layers, %llu bf16 elements, %zu tensors, %llu runs), "
+  std::printf("# deltasync-mapped-apply: Qwen3-0.6B shape (vocabulary %llu, %llu layers, %llu bf16 elements, %zu tensors, %llu runs), "
               "%u threads, delta format %s, compact_version %u, compact_max_tiles %u\n\n",
-              static_cast<unsigned long long>(layers), static_cast<unsigned long long>(elements), published.size(),
+              static_cast<unsigned long long>(vocab), static_cast<unsigned long long>(layers), static_cast<unsigned long long>(elements), published.size(),
               static_cast<unsigned long long>(receiver.map_runs()), worker_count(), options.delta_format.c_str(),
               options.compact_version, options.compact_max_tiles);
   uint64_t version = 0;
