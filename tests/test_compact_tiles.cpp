@@ -304,6 +304,19 @@ TEST(CompactTiles, ReadersRefuseMalformedTilesAndCrossingBlocksInOneLine) {
     EXPECT_NE(crossing.find("d.safetensors: tensor odd.w: block "), std::string::npos) << crossing;
     EXPECT_NE(crossing.find(" crosses a tile boundary (positions "), std::string::npos) << crossing;
   }
+  // The same for a tensor cut into column bands (decoded stripe by stripe, merged afterwards):
+  // twice the bands it was cut into make blocks cross a band, refused before any merge.
+  {
+    std::vector<compact::EncodedTensor> coarse = compact::encode(m.meta, m.delta.view(), options_for(64, compact::kFormatVersion2));
+    const compact::BlockRecords mlp = records_of(coarse[0], m.meta[0]);
+    ASSERT_EQ(mlp.tiles.bands, 2u);
+    EditableTensor t{coarse[0]};
+    t.set<uint32_t>(T::kHeaderBands, 4);
+    coarse[0] = t.e;
+    const std::string crossing = decode_error(views_of(coarse), m);
+    EXPECT_NE(crossing.find("d.safetensors: tensor mlp.w: block "), std::string::npos) << crossing;
+    EXPECT_NE(crossing.find(" crosses a tile boundary (positions "), std::string::npos) << crossing;
+  }
 
   // In a file of either container layout: an unknown compact_index_version, and version 2
   // indexes labelled version 1 (their size then disagrees with their block count).

@@ -249,16 +249,18 @@ TEST(Gather, EveryWidthAndIndexWidthInAnyOrderAcrossTasksMatchesAnElementLoop) {
 
 TEST(Gather, NamesTheFirstPositionOutsideItsTensorInPatchOrder) {
   std::vector<uint16_t> a(10), b(1u << 20);
-  // b's bad positions lie in two different tasks; a's comes first in patch order.
+  // b's bad positions lie in tasks 0 and 2 (2^18 positions each); a's comes first in patch order.
   std::vector<int64_t> pa{3, 10}, pb(600000, 1);
-  pb[300000] = -2;
-  pb[500000] = int64_t{1} << 20;
+  pb[100000] = -2;
+  pb[590000] = int64_t{1} << 20;
   ConstTensorRef sources[] = {{"a", a.data(), a.size(), 2}, {"b", b.data(), b.size(), 2}};
   PatchRef where[] = {{pa.size(), pa.data(), 8, nullptr, 2}, {pb.size(), pb.data(), 8, nullptr, 2}};
   std::vector<uint8_t> out((pa.size() + pb.size()) * 2);
   EXPECT_EQ(error_message([&] { cpu::gather(sources, where, out); }), "gather: tensor a: position 10 out of range");
   pa[1] = 9;
   EXPECT_EQ(error_message([&] { cpu::gather(sources, where, out); }), "gather: tensor b: position -2 out of range");
+  pb[100000] = 7;
+  EXPECT_EQ(error_message([&] { cpu::gather(sources, where, out); }), "gather: tensor b: position 1048576 out of range");
   std::vector<uint8_t> short_out(out.size() - 1);
   EXPECT_EQ(error_message([&] { cpu::gather(sources, where, short_out); }), "gather: output too small");
 }

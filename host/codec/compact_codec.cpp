@@ -249,34 +249,46 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
     }
   }
   // Each block's positions ascend (decode_block); across blocks, and inside tiles, they are checked
-  // here, before a merge relies on them. `previous_last`: the last position of the block before
-  // in the same tile (nullptr for a tile's first block: tiles are disjoint, and the blocks'
-  // first positions, hence their tiles, ascend).
+  // here. `previous_last`: the last position of the block before in the same tile (nullptr for a
+  // tile's first block: tiles are disjoint, and the blocks' first positions, hence their tiles,
+  // ascend). Returns the refusal, or an empty string.
   const auto check_block = [&](const ParsedBlockIndex& p, size_t b, const int64_t* positions, const int64_t* previous_last) {
-    const std::string block = label + ": tensor " + base_meta[p.base_index].name + ": block " + std::to_string(b);
+    const auto block = [&] { return label + ": tensor " + base_meta[p.base_index].name + ": block " + std::to_string(b); };
     if (previous_last != nullptr && positions[0] <= *previous_last)
-      throw BadInputError(block + " starts at position " + std::to_string(positions[0]) + ", not after the previous block's last (" +
-                          std::to_string(*previous_last) + ")");
+      return block() + " starts at position " + std::to_string(positions[0]) + ", not after the previous block's last (" +
+             std::to_string(*previous_last) + ")";
     const auto first = static_cast<uint64_t>(positions[0]);
     const auto last = static_cast<uint64_t>(positions[p.blocks[b].count - 1]);
     if (p.tiles.tiles() > 1 && p.tiles.tile_of(first) != p.tiles.tile_of(last))
-      throw BadInputError(block + " crosses a tile boundary (positions " + std::to_string(first) + " to " + std::to_string(last) + ")");
+      return block() + " crosses a tile boundary (positions " + std::to_string(first) + " to " + std::to_string(last) + ")";
+    return std::string();
   };
-  const auto decode_one = [&](const ParsedBlockIndex& p, size_t b, const uint8_t* block_base, int64_t* positions, uint8_t* values,
-                              uint8_t* base_values) {
+  // Refusals are recorded per block and reported after every task, as one decoder running the
+  // blocks in order would (and the GPU decoder does): the first block that fails to decode, else
+  // the first that fails its checks -- the same refusal whatever the threads did.
+  std::vector<std::vector<std::string>> decode_fault(parsed.size()), check_fault(parsed.size());
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    decode_fault[i].resize(parsed[i].blocks.size());
+    if (parsed[i].tiles.bands > 1) check_fault[i].resize(parsed[i].blocks.size());
+  }
+  const auto decode_one = [&](const ParsedBlockIndex& p, size_t i, size_t b, const uint8_t* block_base, int64_t* positions,
+                              uint8_t* values, uint8_t* base_values) {
     const size_t t = p.base_index;
     const BlockRecord& r = p.blocks[b];
     try {
       detail::decode_block(r, p.payload.subspan(r.payload_offset, r.payload_bytes()), block_base, base[t].numel,
                            base_meta[t].width(), p.version, positions, values, base_values);
+      return true;
     } catch (const BlockError& e) {
-      throw BadInputError(label + ": tensor " + base_meta[t].name + ": block " + std::to_string(b) + ": " + e.what());
+      decode_fault[i][b] = label + ": tensor " + base_meta[t].name + ": block " + std::to_string(b) + ": " + e.what();
+      return false;
     }
   };
   // Untiled tensors: each block's last position, for the check against the next block afterwards.
   std::vector<std::vector<int64_t>> block_last(parsed.size());
   for (size_t i = 0; i < parsed.size(); ++i)
     if (parsed[i].tiles.bands == 1) block_last[i].assign(parsed[i].blocks.size(), 0);
+  StripeScratchPool& pool = *out.stripe_scratch;
   run_tasks(tasks.size(), options, [&](size_t k) {
     const Task& task = tasks[k];
     const ParsedBlockIndex& p = parsed[task.parsed];
@@ -286,19 +298,17 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
       const size_t b = task.stripe;
       const uint64_t first = block_first[task.parsed][b];
       int64_t* positions = s.indices.data() + s.offsets[t] + first;
-      decode_one(p, b, static_cast<const uint8_t*>(base[t].data), positions, s.values.data() + s.value_offsets[t] + first * width,
-                 unbased ? nullptr : s.base_values.data() + s.value_offsets[t] + first * width);
-      block_last[task.parsed][b] = positions[p.blocks[b].count - 1];
+      if (decode_one(p, task.parsed, b, static_cast<const uint8_t*>(base[t].data), positions,
+                     s.values.data() + s.value_offsets[t] + first * width,
+                     unbased ? nullptr : s.base_values.data() + s.value_offsets[t] + first * width))
+        block_last[task.parsed][b] = positions[p.blocks[b].count - 1];
       return;
     }
-    // The stripe's tiles in coded order (band by band), decoded without a base, into scratch with
+    // The stripe's tiles in coded order (band by band), decoded without a base into scratch with
     // the merge's slack; their tile starts relative to the scratch at the slots merge_stripe reads.
     const TileGeometry& g = p.tiles;
     const std::vector<uint64_t>& starts = tile_starts[task.parsed];
-    thread_local std::vector<int64_t> scratch_positions;
-    thread_local std::vector<uint8_t> scratch_values;
-    thread_local std::vector<uint64_t> local_starts;
-    local_starts.assign(g.tiles() + 1, 0);
+    std::vector<uint64_t> local_starts(g.tiles() + 1, 0);
     uint64_t changes = 0;
     for (uint32_t band = 0; band < g.bands; ++band) {
       const uint32_t tile = band * g.stripes + task.stripe;
@@ -306,46 +316,92 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
       changes += starts[tile + 1] - starts[tile];
       local_starts[tile + 1] = changes;
     }
-    // Grown only (a smaller stripe reuses it as it is), without copying what it held.
-    if (scratch_positions.size() < changes + kMergeSlack) {
-      scratch_positions = {};
-      scratch_positions.resize(changes + kMergeSlack + changes / 8);
-    }
-    if (scratch_values.size() < (changes + kMergeSlack) * 4) {
-      scratch_values = {};
-      scratch_values.resize((changes + kMergeSlack + changes / 8) * 4);
-    }
-    uint64_t stripe_first = 0;  // the stripe's first change in flat order: the changes of the stripes before
-    for (uint32_t st = 0; st < task.stripe; ++st)
-      for (uint32_t band = 0; band < g.bands; ++band) stripe_first += starts[band * g.stripes + st + 1] - starts[band * g.stripes + st];
+    std::unique_ptr<StripeScratchPool::Buffer> scratch = pool.take(changes + kMergeSlack, (changes + kMergeSlack) * width);
+    struct GiveBack {
+      StripeScratchPool& pool;
+      std::unique_ptr<StripeScratchPool::Buffer>& buffer;
+      ~GiveBack() { pool.give(std::move(buffer)); }
+    } give_back{pool, scratch};
+    // Blocks in increasing order. A decode failure ends the stripe (no later block of it can be
+    // the first); after a failed check the rest still decode (a decode failure outranks it) but
+    // are not checked; a stripe with either is not merged.
+    bool refused = false;
     for (uint32_t band = 0; band < g.bands; ++band) {
       const uint32_t tile = band * g.stripes + task.stripe;
       uint64_t at = local_starts[tile];
       const int64_t* previous_last = nullptr;
       for (size_t b = tile_block[task.parsed][tile]; b < tile_block[task.parsed][tile + 1]; ++b) {
-        int64_t* positions = scratch_positions.data() + at;
-        decode_one(p, b, nullptr, positions, scratch_values.data() + at * width, nullptr);
-        check_block(p, b, positions, previous_last);
+        int64_t* positions = scratch->positions.data() + at;
+        if (!decode_one(p, task.parsed, b, nullptr, positions, scratch->values.data() + at * width, nullptr)) return;
+        if (!refused) {
+          check_fault[task.parsed][b] = check_block(p, b, positions, previous_last);
+          refused = !check_fault[task.parsed][b].empty();
+        }
         previous_last = positions + p.blocks[b].count - 1;
         at += p.blocks[b].count;
       }
     }
-    const CodedChanges changes_in{{scratch_positions.data(), changes + kMergeSlack}, {scratch_values.data(), (changes + kMergeSlack) * width}, {}};
-    const uint64_t count = changes;
+    if (refused) return;
+    uint64_t stripe_first = 0;  // the stripe's first change in flat order: the changes of the stripes before
+    for (uint32_t st = 0; st < task.stripe; ++st)
+      for (uint32_t band = 0; band < g.bands; ++band) stripe_first += starts[band * g.stripes + st + 1] - starts[band * g.stripes + st];
+    const CodedChanges coded{{scratch->positions.data(), changes + kMergeSlack}, {scratch->values.data(), (changes + kMergeSlack) * width}, {}};
     const uint64_t at = s.offsets[t] + stripe_first;
-    merge_stripe(g, task.stripe, local_starts, changes_in, width, std::span(s.indices).subspan(at, count),
-                 std::span(s.values).subspan(s.value_offsets[t] + stripe_first * width, count * width),
-                 unbased ? std::span<uint8_t>() : std::span(s.base_values).subspan(s.value_offsets[t] + stripe_first * width, count * width),
+    merge_stripe(g, task.stripe, local_starts, coded, width, std::span(s.indices).subspan(at, changes),
+                 std::span(s.values).subspan(s.value_offsets[t] + stripe_first * width, changes * width),
+                 unbased ? std::span<uint8_t>() : std::span(s.base_values).subspan(s.value_offsets[t] + stripe_first * width, changes * width),
                  static_cast<const uint8_t*>(base[t].data));
   });
-  // Untiled tensors: positions ascend across their blocks too.
+  for (size_t i = 0; i < parsed.size(); ++i)
+    for (const std::string& fault : decode_fault[i])
+      if (!fault.empty()) throw BadInputError(fault);
   for (size_t i = 0; i < parsed.size(); ++i) {
     const ParsedBlockIndex& p = parsed[i];
-    if (p.tiles.bands > 1) continue;
     const int64_t* positions = s.indices.data() + s.offsets[p.base_index];
-    for (size_t b = 0; b < p.blocks.size(); ++b)
-      check_block(p, b, positions + block_first[i][b], b > 0 ? &block_last[i][b - 1] : nullptr);
+    for (size_t b = 0; b < p.blocks.size(); ++b) {
+      const std::string fault = p.tiles.bands > 1 ? check_fault[i][b]
+                                                  : check_block(p, b, positions + block_first[i][b], b > 0 ? &block_last[i][b - 1] : nullptr);
+      if (!fault.empty()) throw BadInputError(fault);
+    }
   }
+}
+
+std::unique_ptr<StripeScratchPool::Buffer> StripeScratchPool::take(size_t changes, size_t value_bytes) {
+  std::unique_ptr<Buffer> buffer;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // The smallest buffer that is large enough, else the largest (grown below): big buffers stay
+    // as few as big stripes in flight.
+    size_t pick = free_.size();
+    for (size_t k = 0; k < free_.size(); ++k) {
+      const bool fits = free_[k]->positions.size() >= changes && free_[k]->values.size() >= value_bytes;
+      const bool pick_fits = pick < free_.size() && free_[pick]->positions.size() >= changes && free_[pick]->values.size() >= value_bytes;
+      if (pick == free_.size() || (fits && (!pick_fits || free_[k]->positions.size() < free_[pick]->positions.size())) ||
+          (!fits && !pick_fits && free_[k]->positions.size() > free_[pick]->positions.size()))
+        pick = k;
+    }
+    if (pick < free_.size()) {
+      buffer = std::move(free_[pick]);
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(pick));
+    }
+  }
+  if (!buffer) buffer = std::make_unique<Buffer>();
+  // Grown only, without copying what it held, with 1/8 headroom.
+  if (buffer->positions.size() < changes) {
+    buffer->positions = {};
+    buffer->positions.resize(changes + changes / 8);
+  }
+  if (buffer->values.size() < value_bytes) {
+    buffer->values = {};
+    buffer->values.resize(value_bytes + value_bytes / 8);
+  }
+  return buffer;
+}
+
+void StripeScratchPool::give(std::unique_ptr<Buffer> buffer) {
+  if (!buffer) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(std::move(buffer));
 }
 
 std::vector<PatchRef> DecodedDelta::patches(std::span<const TensorMeta> base_meta) const {

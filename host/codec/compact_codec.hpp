@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,14 +39,35 @@ namespace deltasync::compact {
 std::vector<EncodedTensor> encode(std::span<const TensorMeta> tensors, const DeltaView& delta,
                                   const Options& options = {});
 
+// Scratch of the decoder's stripe-by-stripe decode of tiled tensors (compact_codec.cpp): one
+// buffer per stripe in flight, handed out and back under a lock. It lives with the decoded
+// delta, so its memory is reused from delta to delta and freed with it (not held by worker
+// threads for their lifetime): at most as many buffers as stripes decode at once, each as large
+// as the largest stripe it served.
+class StripeScratchPool {
+ public:
+  struct Buffer {
+    std::vector<int64_t> positions;
+    std::vector<uint8_t> values;
+  };
+  // A buffer holding at least `changes` positions and `value_bytes` bytes of values.
+  std::unique_ptr<Buffer> take(size_t changes, size_t value_bytes);
+  void give(std::unique_ptr<Buffer> buffer);
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Buffer>> free_;
+};
+
 // The result of a decode, laid out per BASE tensor (storage.offsets has base.size() + 1
 // entries; unchanged tensors have count 0). storage.values are the new bits, storage.base_values
-// the base bits gathered at the changed positions. `changed_names` lists the changed tensors in
-// file order.
+// the base bits gathered at the changed positions (empty after an unbased decode,
+// compact_two_phase.hpp). `changed_names` lists the changed tensors in file order.
 struct DecodedDelta {
   SparseDelta storage;
   std::vector<std::string> changed_names;
   DeltaInfo info;  // filled by decode_compact_delta (model_version, base_version, other keys in extra)
+  std::shared_ptr<StripeScratchPool> stripe_scratch = std::make_shared<StripeScratchPool>();
 
   // patches[t] applies to base tensor t (count 0 where unchanged); valid while *this lives.
   std::vector<PatchRef> patches(std::span<const TensorMeta> base_meta) const;

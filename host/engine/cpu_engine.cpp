@@ -315,7 +315,9 @@ void gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> p
   if (sources.size() != positions.size()) throw Error("gather: one position list per tensor expected");
   std::vector<uint64_t> out_at(sources.size() + 1, 0);
   for (size_t t = 0; t < sources.size(); ++t) {
-    check_width(sources[t].name, sources[t].width);
+    if (sources[t].width != 1 && sources[t].width != 2 && sources[t].width != 4)
+      throw Error("gather: tensor " + std::string(sources[t].name) + ": element width " + std::to_string(sources[t].width) +
+                  " is not 1, 2 or 4 bytes");
     const PatchRef& p = positions[t];
     if (p.count && p.index_width != 4 && p.index_width != 8)
       throw Error("gather: tensor " + std::string(sources[t].name) + ": index width " + std::to_string(p.index_width) + " is not 4 or 8 bytes");

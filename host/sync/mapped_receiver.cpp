@@ -118,6 +118,11 @@ MappedReceiver::MappedReceiver(MappedModel model, engine::SyncEngine& engine, Co
     : model_(std::move(model)), engine_(engine), combine_(std::move(combine)), prepared_(std::make_unique<Prepared>()) {
   const size_t T = model_.hf.size(), P = model_.params.size();
   if (model_.params_meta.size() != P) throw Error("mapped receiver: parameters and their descriptions differ in number");
+  for (size_t k = 0; k < P; ++k)
+    if (model_.params[k].numel != model_.params_meta[k].numel() || model_.params[k].width != model_.params_meta[k].width())
+      throw Error("mapped receiver: parameter " + model_.params_meta[k].name + " holds " + std::to_string(model_.params[k].numel) + " elements of " +
+                  std::to_string(model_.params[k].width) + " bytes, its description " + std::to_string(model_.params_meta[k].numel()) +
+                  " of " + std::to_string(model_.params_meta[k].width()));
   targets_.assign(T, {});
   by_param_.assign(P, {});
   for (const MappedRuns& r : model_.runs) {
@@ -344,7 +349,7 @@ std::vector<PatchRef> resolve_changes(const engine::DeltaToApply& delta, std::sp
 // Maps every change onto the runtime parameters and gathers the bits it replaces, into
 // prepared_. Nothing is written.
 void MappedReceiver::prepare(std::span<const TensorRef> targets, std::span<const PatchRef> patches, bool relative,
-                             engine::TransferCounters& transfer) {
+                             bool decoded_here, engine::TransferCounters& transfer) {
   Laps lap;
   Prepared& p = *prepared_;
   const MappedModel& model = model_;
@@ -358,10 +363,11 @@ void MappedReceiver::prepare(std::span<const TensorRef> targets, std::span<const
     p.tensor_bytes[t + 1] = p.tensor_bytes[t] + patches[t].count * model.hf[t].width();
   }
   const uint64_t rows = p.tensor_rows[T];
-  // The decoder's arrays are used in place when the patches are exactly them (the compact path):
-  // copying 89M changes' positions and bits cost ~0.2 s of a 15% apply.
+  // The decoder's arrays are used in place when this receiver decoded them (apply() of a compact
+  // delta) and they are laid out as the rows are (one array each, tensor order: the decoder's
+  // layout, checked): copying 89M changes' positions and bits cost ~0.2 s of a 15% apply.
   const SparseDelta& d = p.decoded.storage;
-  bool in_place = d.indices.size() >= rows && d.values.size() >= p.tensor_bytes[T];
+  bool in_place = decoded_here && d.indices.size() >= rows && d.values.size() >= p.tensor_bytes[T];
   for (size_t t = 0; t < T && in_place; ++t)
     in_place = !patches[t].count || (patches[t].index_width == 8 && patches[t].indices == d.indices.data() + p.tensor_rows[t] &&
                                      patches[t].values == d.values.data() + p.tensor_bytes[t]);
@@ -583,11 +589,13 @@ void scatter_segments(const MappedReceiver::Prepared& p, const uint8_t* rows, co
 class MappedReceiver::Transaction final : public integrity::PatchTransaction {
  public:
   Transaction(MappedReceiver& receiver, engine::TransferCounters& transfer) : r_(receiver), transfer_(transfer) {}
-  bool relative = false;  // compact layout: values rebased on the gathered bits
+  bool relative = false;      // compact layout: values rebased on the gathered bits
+  bool decoded_here = false;  // the patches point into the receiver's own decoded delta (validated
+                              // by its decoder; rebased there in place)
 
   void write(std::span<const TensorRef> targets, std::span<const PatchRef> patches, std::span<uint64_t> shifts) override {
     lap_.to(r_.timings_.parse);
-    r_.prepare(targets, patches, relative, transfer_);
+    r_.prepare(targets, patches, relative, decoded_here, transfer_);
     lap_ = Laps();
     scatter_segments(*r_.prepared_, r_.prepared_->new_bits, r_.model_, r_.engine_, transfer_);
     lap_.to(r_.timings_.scatter);
@@ -622,6 +630,7 @@ uint64_t MappedReceiver::apply(const engine::DeltaToApply& delta, engine::Transf
   integrity::DeltaDigests expected;
   try {
     patches = resolve_changes(delta, model_.hf, prepared_->decoded, parsed, transaction.relative, expected);
+    transaction.decoded_here = transaction.relative;
   } catch (...) {
     integrity::refuse_apply(T, std::current_exception(), transaction);
   }

@@ -144,8 +144,9 @@ class MappedReceiver final : public Receiver {
 
   class Transaction;  // apply()'s mechanics under integrity::apply_verified (mapped_receiver.cpp)
 
-  // `targets` are the HF tensors (names and sizes) the patches are checked against.
-  void prepare(std::span<const TensorRef> targets, std::span<const PatchRef> patches, bool relative,
+  // `targets` are the HF tensors (names and sizes) the patches are checked against;
+  // `decoded_here`: the patches are prepared_->decoded's (used in place, their values rebased there).
+  void prepare(std::span<const TensorRef> targets, std::span<const PatchRef> patches, bool relative, bool decoded_here,
                engine::TransferCounters& transfer);
   // apply_verified over the HF tensors with `transaction`; returns the elements written.
   uint64_t apply_resolved(std::span<const PatchRef> patches, const integrity::DeltaDigests& expected, Transaction& transaction);
