@@ -215,9 +215,9 @@ void decode(std::span<const EncodedTensorView> encoded, std::span<const TensorMe
   for (const EncodedTensorView& e : encoded) out.changed_names.emplace_back(e.name);
 
   // Tasks: one block of an untiled tensor, decoded where the layout puts it; or one row stripe of
-  // a banded tensor: the blocks of the stripe's tiles (one per band) decoded into per-thread
-  // scratch in coded order, checked, and merged into flat order (merge_stripe) while the scratch
-  // is still in cache. A stripe at 15% changed of a 2048 x 1024 projection is ~40K changes
+  // a banded tensor: the blocks of the stripe's tiles (one per band) decoded in coded order into
+  // a scratch buffer from the pool, checked, and merged into flat order (merge_stripe) while the
+  // scratch is still in cache. A stripe at 15% changed of a 2048 x 1024 projection is ~40K changes
   // (~400 KB of scratch): decoding all of a tensor's blocks first and merging afterwards moved
   // the whole tensor's coded changes through memory twice more.
   struct Task {
@@ -386,15 +386,9 @@ std::unique_ptr<StripeScratchPool::Buffer> StripeScratchPool::take(size_t change
     }
   }
   if (!buffer) buffer = std::make_unique<Buffer>();
-  // Grown only, without copying what it held, with 1/8 headroom.
-  if (buffer->positions.size() < changes) {
-    buffer->positions = {};
-    buffer->positions.resize(changes + changes / 8);
-  }
-  if (buffer->values.size() < value_bytes) {
-    buffer->values = {};
-    buffer->values.resize(value_bytes + value_bytes / 8);
-  }
+  // Grown only (a smaller stripe uses it as it is), without copying what it held.
+  if (buffer->positions.size() < changes) resize_scratch(buffer->positions, changes);
+  if (buffer->values.size() < value_bytes) resize_scratch(buffer->values, value_bytes);
   return buffer;
 }
 

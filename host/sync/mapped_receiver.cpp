@@ -65,8 +65,6 @@ struct MappedReceiver::Prepared {
   std::vector<uint8_t> row_held;        // 1: the row is written somewhere on this rank
   std::vector<int64_t> positions;       // runtime positions of the segments with a negative shift
   std::vector<Segment> segments;        // by parameter, then runtime position
-  std::vector<uint64_t> gathered_at;    // per segment: its first byte in `gathered`
-  std::vector<uint8_t> first_holder;    // per segment: 1 when it is the first write of every row it has
   std::vector<uint8_t> gathered;        // old bits in segment order
   // The compact delta decoded (positions, values, band scratch): kept with the rest, so that the
   // next delta decodes into memory already mapped. Allocated afresh per delta, a 15% delta of
@@ -90,24 +88,24 @@ struct MappedReceiver::Prepared {
 
 namespace {
 
-// Rows per task when a stage runs over segments on the worker pool: segments range from a norm's
+// Rows per task when a stage runs on the worker pool: segments and tensors range from a norm's
 // hundreds of rows to an embedding's tens of millions, so the big ones are cut.
 constexpr uint64_t kRowsPerTask = uint64_t{1} << 18;
 
-// fn(segment, begin, end) over [begin, end) of every segment's rows, in parallel tasks of at most
-// kRowsPerTask rows (`take(segment)` false: that segment is skipped).
-template <class Take, class Fn>
-void for_segment_rows(std::span<const MappedReceiver::Segment> segments, Take&& take, Fn&& fn) {
+// fn(item, begin, end) over [begin, end) of rows(item) rows of every item in [0, items), in
+// parallel tasks of at most kRowsPerTask rows (an item of 0 rows has none).
+template <class Rows, class Fn>
+void for_row_chunks(size_t items, Rows&& rows, Fn&& fn) {
   struct Task {
-    size_t segment;
+    size_t item;
     uint64_t begin, end;
   };
   std::vector<Task> tasks;
-  for (size_t k = 0; k < segments.size(); ++k)
-    if (take(k))
-      for (uint64_t b = 0; b < segments[k].count; b += kRowsPerTask)
-        tasks.push_back({k, b, std::min(segments[k].count, b + kRowsPerTask)});
-  parallel_for(tasks.size(), [&](size_t t) { fn(tasks[t].segment, tasks[t].begin, tasks[t].end); });
+  for (size_t k = 0; k < items; ++k) {
+    const uint64_t n = rows(k);
+    for (uint64_t b = 0; b < n; b += kRowsPerTask) tasks.push_back({k, b, std::min(n, b + kRowsPerTask)});
+  }
+  parallel_for(tasks.size(), [&](size_t t) { fn(tasks[t].item, tasks[t].begin, tasks[t].end); });
 }
 
 }  // namespace
@@ -418,7 +416,8 @@ void MappedReceiver::prepare(std::span<const TensorRef> targets, std::span<const
       total += static_cast<uint64_t>(hi - lo);
     }
   resize_scratch(p.positions, shifted);
-  for_segment_rows(p.segments, [&](size_t k) { return p.segments[k].shift < 0; }, [&](size_t k, uint64_t b, uint64_t e) {
+  const auto shifted_rows = [&](size_t k) { return p.segments[k].shift < 0 ? p.segments[k].count : 0; };
+  for_row_chunks(p.segments.size(), shifted_rows, [&](size_t k, uint64_t b, uint64_t e) {
     const Segment& g = p.segments[k];
     const int64_t* in = p.row_index + g.row0;
     int64_t* out = p.positions.data() + g.first;
@@ -444,14 +443,14 @@ void MappedReceiver::prepare(std::span<const TensorRef> targets, std::span<const
   if (!rows_once) std::iota(order.begin(), order.end(), size_t{0});
   std::vector<ConstTensorRef> sources;
   std::vector<PatchRef> where;
-  p.gathered_at.resize(p.segments.size());
+  std::vector<uint64_t> gathered_at(p.segments.size());  // per segment: its first byte gathered
   uint64_t gather_bytes = 0;
   for (size_t k : order) {
     const Segment& g = p.segments[k];
     const TensorRef view = Prepared::target(model.params[g.param], g);
     sources.push_back(ConstTensorRef{view.name, view.data, view.numel, view.width});
     where.push_back(PatchRef{g.count, p.indices(g), 8, nullptr, view.width});
-    p.gathered_at[k] = gather_bytes;
+    gathered_at[k] = gather_bytes;
     gather_bytes += g.count * view.width;
   }
   resize_scratch(p.old_rows, p.tensor_bytes[T]);
@@ -469,46 +468,39 @@ void MappedReceiver::prepare(std::span<const TensorRef> targets, std::span<const
     // first run in parallel afterwards.
     resize_scratch(p.row_held, rows);
     std::fill(p.row_held.begin(), p.row_held.end(), uint8_t{0});
-    p.first_holder.assign(p.segments.size(), 0);
+    std::vector<uint8_t> first_holder(p.segments.size(), 0);  // 1: the segment's every row is first written by it
     for (size_t k = 0; k < p.segments.size(); ++k) {
       const Segment& g = p.segments[k];
       const uint32_t w = model.params[g.param].width;
       uint8_t* held = p.row_held.data() + g.row0;
       if (std::all_of(held, held + g.count, [](uint8_t h) { return h == 0; })) {
         std::memset(held, 1, g.count);
-        p.first_holder[k] = 1;
+        first_holder[k] = 1;
         continue;
       }
       // Rows this rank writes twice (one HF element in two parameters): the first write's.
       uint8_t* old = const_cast<uint8_t*>(p.bits(p.old_rows.data(), g, w));
       for (uint64_t j = 0; j < g.count; ++j)
         if (!held[j]) {
-          std::memcpy(old + j * w, p.gathered.data() + p.gathered_at[k] + j * w, w);
+          std::memcpy(old + j * w, p.gathered.data() + gathered_at[k] + j * w, w);
           held[j] = 1;
         }
     }
-    for_segment_rows(p.segments, [&](size_t k) { return p.first_holder[k] != 0; }, [&](size_t k, uint64_t b, uint64_t e) {
+    const auto first_rows = [&](size_t k) { return first_holder[k] ? p.segments[k].count : 0; };
+    for_row_chunks(p.segments.size(), first_rows, [&](size_t k, uint64_t b, uint64_t e) {
       const Segment& g = p.segments[k];
       const uint32_t w = model.params[g.param].width;
       uint8_t* old = const_cast<uint8_t*>(p.bits(p.old_rows.data(), g, w));
-      std::memcpy(old + b * w, p.gathered.data() + p.gathered_at[k] + b * w, (e - b) * w);
+      std::memcpy(old + b * w, p.gathered.data() + gathered_at[k] + b * w, (e - b) * w);
     });
   }
   // The compact layout: the new bits rebased on the old, in place.
   if (relative) {
-    struct Task {
-      size_t tensor;
-      uint64_t begin, end;
-    };
-    std::vector<Task> tasks;
-    for (size_t t = 0; t < T; ++t)
-      for (uint64_t b = p.tensor_rows[t]; b < p.tensor_rows[t + 1]; b += kRowsPerTask)
-        tasks.push_back({t, b, std::min(p.tensor_rows[t + 1], b + kRowsPerTask)});
-    parallel_for(tasks.size(), [&](size_t k) {
-      const Task& task = tasks[k];
-      const uint32_t w = model.hf[task.tensor].width();
-      const size_t off = p.tensor_bytes[task.tensor] + (task.begin - p.tensor_rows[task.tensor]) * w;
-      const size_t n = (task.end - task.begin) * w;
+    const auto tensor_rows = [&](size_t t) { return p.tensor_rows[t + 1] - p.tensor_rows[t]; };
+    for_row_chunks(T, tensor_rows, [&](size_t t, uint64_t b, uint64_t e) {
+      const uint32_t w = model.hf[t].width();
+      const size_t off = p.tensor_bytes[t] + b * w;
+      const size_t n = (e - b) * w;
       compact::rebase_values(std::span<const uint8_t>(p.new_bits + off, n), std::span<const uint8_t>(p.old_rows.data() + off, n), w,
                              std::span<uint8_t>(p.new_bits + off, n));
     });
