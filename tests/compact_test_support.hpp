@@ -1,10 +1,12 @@
 // Helpers shared by the compact codec tests (CPU codec, GPU codec, two-phase decode): a small
 // model with base and current bits and the CPU delta between them, reproducible weight-like or
 // arbitrary base bits, the three kinds of change the codec must carry, and an encoded tensor
-// whose block index a test edits field by field to build corrupt payloads.
+// whose block index a test edits field by field to build corrupt payloads; the format's hybrid
+// integer split, from the page.
 // Everything is inline in namespace compact_test; a test file says `using namespace
 // compact_test;` once and uses the names as its own.
 #pragma once
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +20,20 @@
 #include "engine/cpu_engine.hpp"
 
 namespace compact_test {
+
+// The hybrid integer of docs/compact-format.md, written from the page (the codec's token paths
+// are checked against it): v < 16 is its own token; else, with n = floor(log2 v), the token is
+// 16 + 4(n - 4) + the two bits under the leading one and the n - 2 bits under those are raw.
+struct HybridInteger {
+  uint32_t token = 0;
+  uint32_t raw_bits = 0;
+  uint64_t raw = 0;
+};
+inline HybridInteger hybrid_integer(uint64_t v) {
+  if (v < 16) return {static_cast<uint32_t>(v), 0, 0};
+  const uint32_t n = 63u - static_cast<uint32_t>(std::countl_zero(v));
+  return {16u + 4u * (n - 4u) + static_cast<uint32_t>((v >> (n - 2)) & 3u), n - 2u, v & ((uint64_t{1} << (n - 2)) - 1)};
+}
 
 // A model: metadata plus base and current bits, and the delta between them.
 struct Model {

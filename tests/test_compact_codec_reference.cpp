@@ -1,11 +1,11 @@
 // The compact codec against a reference written straight from docs/compact-format.md: plain
 // division in the rANS coder, one bit at a time for the raw bits, one change at a time. The
-// production coder (reciprocal multiplication, a vectorized value-symbol pass, a 64-bit bit
-// writer; a chunked decoder with padded, unchecked reads and a lagged base gather) must
-// produce exactly these bytes and decode them back. The cases sit on the decoder's internal
-// boundaries (chunks of 16 changes, a gather lag of 32) and include gaps so large that a
-// change's raw bits exceed one 64-bit read; tiled tensors follow the page's tiles (the rule,
-// coded positions, blocks cut tile by tile).
+// production coder (reciprocal multiplication, vectorized and AVX-512 per-change passes, a
+// 64-bit bit writer; a chunked decoder with padded, unchecked reads and a lagged base gather)
+// must produce exactly these bytes and decode them back. The cases sit on the coder's internal
+// boundaries (chunks of 16 and 32 changes, SIMD groups of 16, a gather lag of 64) and include
+// gaps so large that a change's raw bits exceed one 64-bit read; tiled tensors follow the page's
+// tiles (the rule, coded positions, blocks cut tile by tile).
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "codec/compact_codec.hpp"
+#include "compact_test_support.hpp"
 #include "core/error.hpp"
 
 namespace ds = deltasync;
@@ -26,17 +27,8 @@ namespace {
 
 // ---- the reference encoder --------------------------------------------------------------------
 
-struct Split {
-  uint32_t token = 0;
-  uint32_t raw_bits = 0;
-  uint64_t raw = 0;
-};
-
-Split split(uint64_t v) {
-  if (v < 16) return {static_cast<uint32_t>(v), 0, 0};
-  const uint32_t n = 63u - static_cast<uint32_t>(std::countl_zero(v));
-  return {16u + 4u * (n - 4u) + static_cast<uint32_t>((v >> (n - 2)) & 3u), n - 2u, v & ((uint64_t{1} << (n - 2)) - 1)};
-}
+using Split = compact_test::HybridInteger;
+using compact_test::hybrid_integer;
 
 struct Table {
   std::vector<uint32_t> freq, start;  // num_symbols entries
@@ -94,10 +86,10 @@ ReferenceBlock reference_block(const int64_t* positions, const uint8_t* new_bits
     uint32_t n = 0, b = 0;
     std::memcpy(&n, new_bits + size_t{i} * w, w);
     std::memcpy(&b, base_bits + size_t{i} * w, w);
-    values[i] = split(compact::value_symbol(n, b, w));
+    values[i] = hybrid_integer(compact::value_symbol(n, b, w));
     ++value_counts[values[i].token];
     if (i > 0) {
-      gaps[i] = split(static_cast<uint64_t>(positions[i] - positions[i - 1] - 1));
+      gaps[i] = hybrid_integer(static_cast<uint64_t>(positions[i] - positions[i - 1] - 1));
       ++gap_counts[gaps[i].token];
     }
   }
@@ -266,7 +258,7 @@ TEST(CompactReference, EncoderBytesEqualTheSpecOnChunkAndLagBoundaries) {
   std::mt19937_64 rng(31);
   const Case cases[] = {{ds::DType::BF16, 0.01, false}, {ds::DType::BF16, 0.3, true}, {ds::DType::F32, 0.003, true},
                         {ds::DType::F8_E4M3, 0.05, true}, {ds::DType::F16, 1.0, false}};
-  const uint32_t block_sizes[] = {1, 2, 15, 16, 17, 31, 32, 33, 48, 65, 1000, 16384};
+  const uint32_t block_sizes[] = {1, 2, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 129, 1000, 16384};
   for (const Case& c : cases) {
     const ds::TensorMeta meta{"t", c.dtype, {20000}};
     const uint32_t w = meta.width();
@@ -301,7 +293,7 @@ TEST(CompactReference, EncoderBytesEqualTheSpecOnChunkAndLagBoundaries) {
 }
 
 TEST(CompactReference, GapsWhoseRawBitsExceedOneRead) {
-  // Gaps of ~2^31 (29 raw bits) next to random F32 values (up to 29 raw bits): more raw bits
+  // Gaps of ~2^31 (29 raw bits) and above 2^32 next to random F32 values (up to 29 raw bits): more raw bits
   // per change than one 64-bit read serves. The base is a read-only mapping of zeros that is
   // never written, so it costs address space only.
   const uint64_t numel = uint64_t{1} << 38;
@@ -317,9 +309,13 @@ TEST(CompactReference, GapsWhoseRawBitsExceedOneRead) {
     const uint32_t v = static_cast<uint32_t>(rng()) | 1u;  // never equal to the zero base bits
     new_bits.insert(new_bits.end(), reinterpret_cast<const uint8_t*>(&v), reinterpret_cast<const uint8_t*>(&v) + w);
     base_bits.insert(base_bits.end(), w, 0);
-    // Mostly huge gaps, sometimes adjacent or small ones.
-    const uint64_t kind = rng() % 4;
-    p += 1 + static_cast<int64_t>(kind == 0 ? 0 : kind == 1 ? rng() % 300 : (uint64_t{1} << 31) + rng() % (uint64_t{1} << 30));
+    // Mostly huge gaps, some of 2^32 and more (the SIMD first pass leaves their groups to the
+    // scalar loop), sometimes adjacent or small ones.
+    const uint64_t kind = rng() % 5;
+    p += 1 + static_cast<int64_t>(kind == 0   ? 0
+                                  : kind == 1 ? rng() % 300
+                                  : kind == 4 ? (uint64_t{1} << 32) + rng() % (uint64_t{1} << 32)
+                                              : (uint64_t{1} << 31) + rng() % (uint64_t{1} << 30));
   }
   const ds::TensorMeta meta{"huge", ds::DType::F32, {numel}};
   for (uint32_t block : {16u, 33u, 70u}) {

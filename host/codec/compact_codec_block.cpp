@@ -21,6 +21,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "codec/compact_block_simd.hpp"
 #include "codec/compact_codec.hpp"
 #include "codec/compact_word_lanes.hpp"
 
@@ -28,7 +29,6 @@ namespace deltasync::compact::detail {
 namespace {
 
 constexpr uint32_t kGapTokens = 256;     // tokens of 64-bit integers
-constexpr int kLanes = 4;
 
 using ::deltasync::detail::load_le;
 using ::deltasync::detail::store_le;
@@ -364,16 +364,26 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
   // address arithmetic and L1 lines; CPUs with memory renaming resolve the chain anyway).
   std::array<uint32_t, kGapTokens> gap_counts{}, value_counts{};
   BitWriter writer(bits_buffer.data());
-  // Value symbols first, in a loop of their own: branch-free lane-wise arithmetic that the
-  // compiler vectorizes (SSE2 is baseline), instead of ~16 scalar operations per change.
+  // With AVX-512, groups of 16 changes after the first get their tokens and raw bits from
+  // tokenize_groups (compact_block_simd.hpp), four changes' raw bits per writer step; the
+  // scalar loop below codes the rest and is the reference.
+  const bool simd = count > kSimdGroup && simd_blocks_supported();
+  const uint32_t groups = simd ? (count - 1) / kSimdGroup : 0;
+  // Without it, value symbols first, in a loop of their own: branch-free lane-wise arithmetic
+  // that the compiler vectorizes (SSE2 is baseline), instead of ~16 scalar operations per change.
   using Symbol = std::conditional_t<W == 4, uint32_t, uint16_t>;
   thread_local std::vector<Symbol> symbol_buffer;
-  if (symbol_buffer.size() < count) symbol_buffer.resize(count);
-  Symbol* const symbols = symbol_buffer.data();
-  for (uint32_t i = 0; i < count; ++i)
-    symbols[i] = static_cast<Symbol>(
-        value_symbol(load_w<W>(new_bits + size_t{i} * W), load_w<W>(base_bits + size_t{i} * W), W));
-  const auto value_of = [&](uint32_t i) __attribute__((always_inline)) { return uint32_t{symbols[i]}; };
+  if (!simd) {
+    if (symbol_buffer.size() < count) symbol_buffer.resize(count);
+    for (uint32_t i = 0; i < count; ++i)
+      symbol_buffer[i] = static_cast<Symbol>(
+          value_symbol(load_w<W>(new_bits + size_t{i} * W), load_w<W>(base_bits + size_t{i} * W), W));
+  }
+  const Symbol* const symbols = symbol_buffer.data();
+  const auto value_of = [&](uint32_t i) __attribute__((always_inline)) {
+    return simd ? value_symbol(load_w<W>(new_bits + size_t{i} * W), load_w<W>(base_bits + size_t{i} * W), W)
+                : uint32_t{symbols[i]};
+  };
   {
     const uint32_t sym = value_of(0);
     const Token v = tokenize_fast(sym);
@@ -381,7 +391,7 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
     ++value_counts[v.token];
     writer.put(sym & ((uint64_t{1} << v.extra_bits) - 1), v.extra_bits);
   }
-  for (uint32_t i = 1; i < count; ++i) {
+  const auto code_change = [&](uint32_t i) __attribute__((always_inline)) {
     const uint64_t gap = static_cast<uint64_t>(positions[i] - positions[i - 1] - 1);
     const Token g = tokenize_fast(gap);
     gap_tokens[i] = static_cast<uint8_t>(g.token);
@@ -394,7 +404,32 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
     // ones with raw bits) are rare, so that branch predicts well.
     writer.put(gap & ((uint64_t{1} << g.extra_bits) - 1), g.extra_bits);  // extra_bits <= 61
     if (v.extra_bits != 0) [[unlikely]] writer.put(sym & ((uint64_t{1} << v.extra_bits) - 1), v.extra_bits);
+  };
+  if (groups != 0) {
+    const uint32_t quads = groups * (kSimdGroup / kQuadChanges);
+    thread_local std::vector<uint64_t> quad_raw;
+    thread_local std::vector<uint8_t> quad_bits;
+    if (quad_raw.size() < quads) quad_raw.resize(quads);
+    if (quad_bits.size() < quads + 4) quad_bits.resize(quads + 4);  // + the last group's 4-byte store
+    // Value tokens in two part histograms: mostly 1 or 2 (±1 ulp), so one counter's increments
+    // would often wait on each other (store-to-load forwarding); ~2% faster measured.
+    std::array<std::array<uint32_t, kGapTokens>, 2> value_parts{};
+    tokenize_groups(positions, new_bits, base_bits, W, 1, groups, gap_tokens, value_tokens, quad_raw.data(), quad_bits.data());
+    for (uint32_t q = 0; q < quads; ++q) {
+      const uint32_t i = 1 + q * kQuadChanges;
+      if (quad_bits[q] == kQuadTooWide) [[unlikely]] {
+        for (uint32_t k = 0; k < kQuadChanges; ++k) code_change(i + k);
+        continue;
+      }
+      for (uint32_t k = 0; k < kQuadChanges; ++k) {
+        ++gap_counts[gap_tokens[i + k]];
+        ++value_parts[k & 1][value_tokens[i + k]];
+      }
+      writer.put(quad_raw[q], quad_bits[q]);
+    }
+    for (uint32_t t = 0; t < kGapTokens; ++t) value_counts[t] += value_parts[0][t] + value_parts[1][t];
   }
+  for (uint32_t i = 1 + groups * kSimdGroup; i < count; ++i) code_change(i);
   const size_t bits_bytes = writer.finish();
 
   Model gap_model, value_model;
@@ -429,13 +464,17 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
 //      once). Nothing but the lane states, the stream pointer and the tables is live, so the
 //      lanes stay in registers and their independent dependency chains overlap;
 //   2. raw bits: positions (validated against the tensor before anything reads the base) and
-//      value symbols, parked in new_bits; each position's base line is prefetched, and the
-//      change kGatherLag before it gathers its base bits. After the pass, the new bits of the
-//      gathered changes are computed in a loop of their own, which vectorizes.
+//      value symbols, parked in new_bits, sixteen changes at a time with AVX-512
+//      (compact_block_simd.hpp: decode_raw_group), else one by one; each position's base line
+//      is prefetched, and the change kGatherLag before it gathers its base bits. After the
+//      pass, the new bits of the gathered changes are computed in a loop of their own, which
+//      vectorizes.
 // The lag matters: at ~1% density every change reads a new cache line of the base (and every
 // ~20 changes a new 4 KiB page), so the gather is a stream of misses. Spread evenly through
 // the decode work, one prefetch per change, their latency overlaps it; gathering a whole
-// chunk after decoding it (tried: 64..256 changes) overlapped far worse.
+// chunk after decoding it (tried: 64..256 changes) overlapped far worse. 64 changes: with the
+// SIMD raw-bit pass a change takes ~3 ns, and a lag of 32 measured 97-134 M changes/s against
+// 137-140 (128: 132-138).
 //
 // Both streams are first copied into zero-padded scratch buffers, so the passes read without
 // per-symbol bounds checks: a chunk reads at most kRansPad / kRawPad bytes past its stream's
@@ -443,7 +482,7 @@ void encode_block_w(const int64_t* positions, const uint8_t* new_bits, const uin
 // and is then refused).
 constexpr uint32_t kByteChunk = 16;          // even: every chunk starts at an odd change (lanes 2/3)
 constexpr uint32_t kMaxChunk = kWordLanes;   // the largest chunk of either source
-constexpr uint32_t kGatherLag = 32;          // changes between a position's prefetch and its gather
+constexpr uint32_t kGatherLag = 64;          // changes between a position's prefetch and its gather
 constexpr size_t kRansPad = std::max(4 * size_t{kByteChunk} + 16, kWordStreamPad);  // <= 4 bytes per change
 constexpr size_t kRawPad = 12 * size_t{kMaxChunk} + 16;  // <= 61 + 29 raw bits per change
 
@@ -605,6 +644,7 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
 
   uint64_t bit_at = 0;
   uint64_t position = record.first_position;
+  const bool simd = simd_blocks_supported();
   alignas(64) std::array<uint8_t, kMaxChunk> gap_tokens, value_tokens;
 
   // Change j's base bits, prefetched kGatherLag changes ago. Without a base they are zeros
@@ -648,7 +688,18 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
       store_w<W>(new_bits, static_cast<uint32_t>(symbol));
       k = 1;
     }
-    for (; k < n; ++k) {
+    while (k < n) {
+      // Sixteen changes at once where the CPU has AVX-512 (compact_block_simd.hpp); the loop
+      // below is the reference, and codes what the group declines (its refusals included).
+      if (simd && k + kSimdGroup <= n &&
+          decode_raw_group(gap_tokens.data() + k, value_tokens.data() + k, bits, bit_at, position, numel, W, chunk_positions + k,
+                           chunk_symbols + size_t{k} * W)) {
+        for (const uint32_t end = k + kSimdGroup; k < end; ++k) {
+          prefetch(static_cast<uint64_t>(chunk_positions[k]));
+          if (begin + k >= kGatherLag) gather(begin + k - kGatherLag);
+        }
+        continue;
+      }
       const uint32_t gt = gap_tokens[k], vt = value_tokens[k];
       const uint32_t gap_n = kTokenJoin.extra_bits[gt], value_n = kTokenJoin.extra_bits[vt];
       uint64_t gap_raw, value_raw;
@@ -673,6 +724,7 @@ void decode_block_w(const BlockRecord& record, std::span<const uint8_t> payload,
       prefetch(position);
       store_w<W>(chunk_symbols + size_t{k} * W, static_cast<uint32_t>(kTokenJoin.base[vt] + value_raw));
       if (begin + k >= kGatherLag) gather(begin + k - kGatherLag);
+      ++k;
     }
     check_raw();
     if (begin + n > kGatherLag) apply_until(begin + n - kGatherLag);

@@ -10,20 +10,11 @@
 #include <string_view>
 
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define DELTASYNC_WORD_SIMD 1
-// GCC 12 warns inside its own AVX-512 headers (their _mm512_undefined_* placeholders) when the
-// intrinsics are used under a target attribute rather than -mavx512f.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#endif
+#include "codec/simd_x86.hpp"
 
 namespace deltasync::compact::detail {
 
-#if DELTASYNC_WORD_SIMD
+#if DELTASYNC_X86_SIMD
 
 namespace {
 
