@@ -73,7 +73,7 @@ void check(uint32_t width, const std::vector<int>& gap_kinds, bool random_values
       if (!wide_gap) EXPECT_EQ(gap_tokens[i], gap.token);  // else the caller recodes the change
       EXPECT_EQ(value_tokens[i], value.token);
       for (const Split& s : {gap, value}) {
-        if (bits + s.raw_bits <= 64) raw |= s.raw << bits;
+        if (bits < 64 && bits + s.raw_bits <= 64) raw |= s.raw << bits;  // beyond: refused anyway
         bits += s.raw_bits;
       }
     }

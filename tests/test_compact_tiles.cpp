@@ -16,9 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "codec/compact_block_simd.hpp"
 #include "codec/compact_block_subset.hpp"
 #include "codec/compact_codec.hpp"
 #include "codec/compact_tile_order.hpp"
+#include "codec/compact_tile_order_simd.hpp"
 #include "codec/compact_two_phase.hpp"
 #include "compact_test_support.hpp"
 #include "codec/digest.hpp"
@@ -431,4 +433,53 @@ TEST(CompactTiles, TheVerifiedApplyTakesTiledDeltasAndRefusesABadOneWritingNothi
     for (size_t i = 0; i < m.meta.size(); ++i) refs.push_back({m.meta[i].name, m.current[i].data(), m.meta[i].numel(), m.meta[i].width()});
     return refs;
   }()));
+}
+
+TEST(CompactTiles, SimdBandsAndCodedPositionsMatchTheGeometry) {
+  // The encoder's AVX-512 first pass (compact_tile_order_simd.hpp) divides by the band width with
+  // a double multiply and corrects it: against TileGeometry::coded at remainders 0 and
+  // band_width - 1 (where a rounded quotient is off by one) up to its 2^40 limit, for band
+  // widths that are and are not powers of two.
+  if (!compact::detail::simd_blocks_supported()) GTEST_SKIP() << "no AVX-512 on this CPU, or DELTASYNC_CODEC_SIMD asks for less";
+  const auto check = [](const compact::TileGeometry& g, const std::vector<int64_t>& positions) {
+    std::vector<uint8_t> band(positions.size());
+    std::vector<int64_t> coded(positions.size());
+    compact::detail::band_and_coded8(positions.data(), positions.size(), g.bands, g.band_width(), g.band_elements(), band.data(),
+                                     coded.data());
+    for (size_t j = 0; j < positions.size(); ++j) {
+      const auto p = static_cast<uint64_t>(positions[j]);
+      ASSERT_EQ(static_cast<uint64_t>(coded[j]), g.coded(p)) << "cols " << g.cols << " bands " << g.bands << " position " << p;
+      ASSERT_EQ(band[j], p % g.cols / g.band_width()) << "cols " << g.cols << " bands " << g.bands << " position " << p;
+    }
+  };
+  std::mt19937_64 rng(9);
+  for (const uint64_t cols : {uint64_t{1024}, uint64_t{8 * 151937}, uint64_t{2 * 3}, uint64_t{4 * 1000003}})
+    for (const uint32_t bands : {2u, 4u, 8u}) {
+      if (cols % bands != 0) continue;
+      const uint64_t rows = compact::detail::kSimdSplitLimit / cols;
+      const compact::TileGeometry g{rows, cols, bands, 1};
+      const uint64_t bw = g.band_width();
+      // Every row band u of a run of them below the limit and of a random stretch, at both
+      // remainders; random positions.
+      std::vector<int64_t> positions;
+      const uint64_t stretch = rng() % (rows * bands - 20000);
+      for (uint64_t u = 0; u < 20000; ++u)
+        for (const uint64_t at : {rows * bands - 1 - u, stretch + u}) {
+          positions.push_back(static_cast<int64_t>(at * bw));
+          positions.push_back(static_cast<int64_t>(at * bw + bw - 1));
+        }
+      for (int i = 0; i < 4096; ++i) positions.push_back(static_cast<int64_t>(rng() % (rows * cols)));
+      positions.push_back(static_cast<int64_t>(rows * cols - 1));
+      while (positions.size() % 8 != 0) positions.push_back(0);
+      check(g, positions);
+    }
+  // Band widths and row bands u whose position u * band_width the double multiply puts just
+  // below u (found by search): only the correction gets them right.
+  const std::pair<uint64_t, uint64_t> rounded_down[] = {{3982056, 195067}, {3807382, 199238}, {3773620, 241704},
+                                                        {3065745, 108957}, {4182011, 55657},  {1982983, 236483}};
+  for (const auto& [bw, u] : rounded_down) {
+    const compact::TileGeometry g{compact::detail::kSimdSplitLimit / (2 * bw), 2 * bw, 2, 1};
+    std::vector<int64_t> positions(8, static_cast<int64_t>(u * bw));
+    check(g, positions);
+  }
 }

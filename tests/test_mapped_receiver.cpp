@@ -52,10 +52,9 @@ struct Layout {
   MappedModel model() {
     MappedModel m;
     m.hf = hf;
-    for (size_t k = 0; k < runtime.size(); ++k) {
-      m.params_meta.push_back(TensorMeta{runtime_names[k], DType::BF16, {runtime[k].size()}});
-      m.params.push_back(TensorRef{m.params_meta[k].name, runtime[k].data(), runtime[k].size(), 2});
-    }
+    // Descriptions first: a parameter's name views its description's, which must not move.
+    for (size_t k = 0; k < runtime.size(); ++k) m.params_meta.push_back(TensorMeta{runtime_names[k], DType::BF16, {runtime[k].size()}});
+    for (size_t k = 0; k < runtime.size(); ++k) m.params.push_back(TensorRef{m.params_meta[k].name, runtime[k].data(), runtime[k].size(), 2});
     m.runs.push_back(MappedRuns{0, 0, {0}, {128}, {0}});
     m.runs.push_back(MappedRuns{1, 0, {0}, {64}, {128}});
     m.runs.push_back(MappedRuns{2, 1, {0, 256}, {256, 256}, {256, 0}});

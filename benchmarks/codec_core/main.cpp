@@ -2,8 +2,10 @@
 // untiled and tiled, in the same run, measured by thread CPU time (CLOCK_THREAD_CPUTIME_ID), so
 // that other processes sharing the machine do not count -- what a busy build VM can still measure.
 //
-// The change set: one BF16 tensor of --elements (default 2^26: a 128 MiB base, 4x the L3 here,
-// so the decoder's base gather comes from memory), seen as a matrix of --cols columns (default
+// The change set: one BF16 tensor of --elements (default 2^26: a 128 MiB base, 4x the L3 of the
+// AMD EPYC this was written on, so the decoder's base gather comes from memory; a CPU whose last
+// level cache holds it -- the 260 MB of the Xeon of 2026-12-07 -- needs --elements 268435456 for
+// that), seen as a matrix of --cols columns (default
 // 1024, a hidden size), --changed share of it changed (default 1%), uniformly placed; 90% of the
 // changes are ±1 ulp, 10% random new values (about the value entropy of Adam steps on bf16
 // weights). Decode runs against the base in memory. "tiles 1" codes it without tiles (index
