@@ -162,7 +162,7 @@ void walk_runs(const TileGeometry& g, uint64_t first_row, const std::array<uint6
   if constexpr (kBands == detail::kSimdRunBands) {
     use_simd = detail::simd_blocks_supported() && out_count <= 2 * rows * kBands;
     simd = {run_end, q, new_bits, kMode == 0 ? base_bits : nullptr, static_cast<int64_t>(first_row * (g.cols - bw)),
-            static_cast<int64_t>(g.cols - bw), {}, out_positions, out_new, kMode == 0 ? out_base : nullptr, out_count};
+            static_cast<int64_t>(g.cols - bw), {}, out_positions, out_new, kMode == 0 ? out_base : nullptr, out_count, g.rows * g.cols};
     std::copy(band_shift.begin(), band_shift.end(), simd.band_shift.begin());
   }
   for (uint64_t r = 0; r < rows; ++r) {
@@ -343,7 +343,7 @@ void to_flat_order(const TileGeometry& g, const CodedChanges& coded, uint32_t wi
     uint64_t count = 0;
     for (uint32_t k = 0; k < g.bands; ++k) count += tile_starts[k * g.stripes + s + 1] - tile_starts[k * g.stripes + s];
     merge_stripe(g, s, tile_starts, padded, width, out_positions.subspan(at, count), out_new_bits.subspan(at * width, count * width),
-                 out_base_bits.subspan(at * width, count * width), base);
+                 out_base_bits.empty() ? out_base_bits : out_base_bits.subspan(at * width, count * width), base);
     at += count;
   }
 }

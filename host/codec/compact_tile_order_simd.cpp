@@ -37,7 +37,9 @@ DELTASYNC_AVX512_WALK void store_bits8(uint8_t* out, __m512i v) {
   else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi64_epi32(v));
 }
 
-template <uint32_t W, bool kBaseBits>
+// kPacked (no base bits to move, flat positions below 2^(64 - 8W)): each change's new bits ride
+// in the top bits of its position's lane, so one compress moves both.
+template <uint32_t W, bool kBaseBits, bool kPacked>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,popcnt"))) uint64_t walk_runs8_w(const RunWalk& w, uint64_t row,
                                                                                             uint64_t rows, uint64_t* from_out,
                                                                                             uint64_t& at_out) {
@@ -51,13 +53,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,popcnt"))) uint64_t wa
   constexpr uint64_t kRowRoom = kSimdRunBands * kSimdRunChanges + 8;
   if (w.out_count < kRowRoom) return row;
   const uint64_t last_at = w.out_count - kRowRoom;
-  const __m512i lane_in_run = _mm512_setr_epi64(0, 1, 2, 3, 0, 1, 2, 3);
   const __m512i longest = _mm512_set1_epi64(static_cast<int64_t>(kSimdRunChanges));
-  __m512i pair_shift[4], pair_index[4];  // per pair of bands (2m, 2m + 1): their lanes' band shifts and bands
+  const __m512i one = _mm512_set1_epi64(1);
+  const __m512i position_mask = _mm512_set1_epi64(static_cast<int64_t>((uint64_t{1} << (64 - 8 * W)) - 1));
+  __m512i pair_shift[4];  // per pair of bands (2m, 2m + 1): their lanes' band shifts (band 2m's in lanes 0-3)
   for (int m = 0; m < 4; ++m) {
-    pair_shift[m] = _mm512_setr_epi64(w.band_shift[2 * m], w.band_shift[2 * m], w.band_shift[2 * m], w.band_shift[2 * m],
-                                      w.band_shift[2 * m + 1], w.band_shift[2 * m + 1], w.band_shift[2 * m + 1], w.band_shift[2 * m + 1]);
-    pair_index[m] = _mm512_setr_epi64(2 * m, 2 * m, 2 * m, 2 * m, 2 * m + 1, 2 * m + 1, 2 * m + 1, 2 * m + 1);
+    const int64_t a = w.band_shift[2 * m], b = w.band_shift[2 * m + 1];
+    pair_shift[m] = _mm512_setr_epi64(a, a, a, a, b, b, b, b);
   }
   __m512i from = _mm512_loadu_si512(from_out);
   uint64_t at = at_out;
@@ -67,16 +69,30 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,popcnt"))) uint64_t wa
     const __m512i n = _mm512_sub_epi64(_mm512_max_epu64(end, from), from);
     if (_mm512_cmpgt_epu64_mask(n, longest) != 0) break;
     _mm512_store_si512(c, from);
+    // The lanes each pair of bands copies: a run of n changes takes its band's first n lanes,
+    // 2^n - 1. The eight bands' masks land one per byte, and folding each odd byte's into the
+    // high nibble of the byte below leaves the pairs' masks in bytes 0, 2, 4 and 6 (instead of
+    // a lane permute and a compare per pair: the compresses already crowd the shuffle port).
+    const auto runs = static_cast<uint64_t>(_mm_cvtsi128_si64(_mm512_cvtepi64_epi8(_mm512_sub_epi64(_mm512_sllv_epi64(one, n), one))));
+    const uint64_t pairs = runs | runs >> 4;
     const __m512i row_shift = _mm512_set1_epi64(w.row_shift + static_cast<int64_t>(row) * w.row_step);
     for (int m = 0; m < 4; ++m) {
       const uint64_t a = c[2 * m], b = c[2 * m + 1];
-      const __mmask8 take = _mm512_cmplt_epu64_mask(lane_in_run, _mm512_permutexvar_epi64(pair_index[m], n));
+      const auto take = static_cast<__mmask8>(pairs >> (16 * m));
       const __m512i positions = _mm512_add_epi64(
           _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(coded + a))),
                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(coded + b)), 1),
           _mm512_add_epi64(row_shift, pair_shift[m]));
-      _mm512_storeu_si512(out_positions + at, _mm512_maskz_compress_epi64(take, positions));
-      store_bits8<W>(out_new + at * W, _mm512_maskz_compress_epi64(take, load_bits8<W>(new_bits + a * W, new_bits + b * W)));
+      if constexpr (kPacked) {
+        constexpr int kPositionBits = 64 - 8 * static_cast<int>(W);
+        const __m512i both = _mm512_maskz_compress_epi64(
+            take, _mm512_or_si512(positions, _mm512_slli_epi64(load_bits8<W>(new_bits + a * W, new_bits + b * W), kPositionBits)));
+        _mm512_storeu_si512(out_positions + at, _mm512_and_si512(both, position_mask));
+        store_bits8<W>(out_new + at * W, _mm512_srli_epi64(both, kPositionBits));
+      } else {
+        _mm512_storeu_si512(out_positions + at, _mm512_maskz_compress_epi64(take, positions));
+        store_bits8<W>(out_new + at * W, _mm512_maskz_compress_epi64(take, load_bits8<W>(new_bits + a * W, new_bits + b * W)));
+      }
       if constexpr (kBaseBits)
         store_bits8<W>(out_base + at * W, _mm512_maskz_compress_epi64(take, load_bits8<W>(base_bits + a * W, base_bits + b * W)));
       at += static_cast<uint64_t>(__builtin_popcount(take));
@@ -90,7 +106,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,popcnt"))) uint64_t wa
 
 template <uint32_t W>
 uint64_t walk_width(const RunWalk& w, uint64_t row, uint64_t rows, uint64_t* from, uint64_t& at) {
-  return w.base_bits != nullptr ? walk_runs8_w<W, true>(w, row, rows, from, at) : walk_runs8_w<W, false>(w, row, rows, from, at);
+  if (w.base_bits != nullptr) return walk_runs8_w<W, true, false>(w, row, rows, from, at);
+  if (w.numel <= uint64_t{1} << (64 - 8 * W)) return walk_runs8_w<W, false, true>(w, row, rows, from, at);
+  return walk_runs8_w<W, false, false>(w, row, rows, from, at);
 }
 
 }  // namespace

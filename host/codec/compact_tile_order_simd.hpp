@@ -33,6 +33,7 @@ struct RunWalk {
   uint8_t* out_new_bits;
   uint8_t* out_base_bits;  // written when base_bits is not nullptr
   uint64_t out_count = 0;
+  uint64_t numel = 0;  // the tensor's elements: every flat position is below
 };
 
 // Walks rows [row, rows) for as long as each has runs of at most kSimdRunChanges changes and
