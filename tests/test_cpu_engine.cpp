@@ -264,3 +264,19 @@ TEST(Gather, NamesTheFirstPositionOutsideItsTensorInPatchOrder) {
   std::vector<uint8_t> short_out(out.size() - 1);
   EXPECT_EQ(error_message([&] { cpu::gather(sources, where, short_out); }), "gather: output too small");
 }
+
+TEST(Gather, ChecksWidthsBeforeTheOutputAndThePositions) {
+  // gather_layout, which every engine's gather runs first: element width, index width, then
+  // the output's size; and where each tensor's bits go.
+  std::vector<uint16_t> a(10);
+  std::vector<uint32_t> b(10);
+  std::vector<int64_t> pa{1, 2}, pb{3};
+  ConstTensorRef sources[] = {{"a", a.data(), a.size(), 2}, {"b", b.data(), b.size(), 4}};
+  PatchRef where[] = {{pa.size(), pa.data(), 8, nullptr, 2}, {pb.size(), pb.data(), 8, nullptr, 4}};
+  EXPECT_EQ(cpu::gather_layout(sources, where, 8), (std::vector<uint64_t>{0, 4, 8}));
+  EXPECT_EQ(error_message([&] { cpu::gather_layout(sources, where, 7); }), "gather: output too small");
+  where[1].index_width = 2;
+  EXPECT_EQ(error_message([&] { cpu::gather_layout(sources, where, 7); }), "gather: tensor b: index width 2 is not 4 or 8 bytes");
+  sources[0].width = 8;
+  EXPECT_EQ(error_message([&] { cpu::gather_layout(sources, where, 7); }), "gather: tensor a: element width 8 is not 1, 2 or 4 bytes");
+}

@@ -105,6 +105,19 @@ TEST(CudaDigest, RejectsUnsupportedWidth) {
   const ds::ConstTensorRef bad{"f64", buf.data(), 8, 8};
   ds::cuda::Digester digester;
   EXPECT_EQ(digester.digest(std::span(&bad, 1), reinterpret_cast<uint64_t*>(out.data()), nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(ds::cuda::take_refusal(), "digest: tensor f64 has 8-byte elements; digests cover 1-, 2- and 4-byte elements");
+}
+
+TEST(CudaDigest, RefusesDataNotAlignedToItsElements) {
+  // The kernels load 2- and 4-byte elements whole: a bf16 view at an odd address is refused
+  // (the CPU twin reads it byte-wise), not left to fault the device.
+  SKIP_WITHOUT_GPU();
+  DeviceBytes buf(64);
+  DeviceBytes out(8);
+  const ds::ConstTensorRef odd{"w", static_cast<const uint8_t*>(buf.data()) + 1, 8, 2};
+  ds::cuda::Digester digester;
+  EXPECT_EQ(digester.digest(std::span(&odd, 1), reinterpret_cast<uint64_t*>(out.data()), nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(ds::cuda::take_refusal(), "digest: tensor w: data not aligned to its 2-byte elements");
 }
 
 TEST(CudaDigest, ShiftsEqualCpuDigestUpdate) {

@@ -580,6 +580,17 @@ TEST(CudaSyncEngine, GatherEqualsTheCpu) {
   bad.i64[1].back() = static_cast<int64_t>(t.numel[1]);
   EXPECT_EQ(error_message([&] { gpu.gather(t.device_refs(), bad.refs, on_gpu, gpu_transfer); }),
             error_message([&] { cpu.gather(t.host_refs(), bad.refs, on_cpu, cpu_transfer); }));
+  // Header errors before any position is read, in the CPU's order: an index width that is not
+  // 4 or 8 (its positions are not read as int64), then an output too small for the rest.
+  Positions narrow = every_kth(t, 37);
+  narrow.refs[1].index_width = 2;
+  Bytes short_out(on_cpu.size() - 1);
+  for (Bytes* out : {&on_gpu, &short_out}) {
+    Bytes& cpu_out = out == &on_gpu ? on_cpu : short_out;
+    EXPECT_EQ(error_message([&] { gpu.gather(t.device_refs(), narrow.refs, *out, gpu_transfer); }),
+              error_message([&] { cpu.gather(t.host_refs(), narrow.refs, cpu_out, cpu_transfer); }));
+  }
+  EXPECT_EQ(error_message([&] { gpu.gather(t.device_refs(), p.refs, short_out, gpu_transfer); }), "gather: output too small");
 }
 
 TEST(CudaSyncEngine, ScatterEqualsTheCpuAndRefusesLikeIt) {

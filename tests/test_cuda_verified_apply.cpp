@@ -162,3 +162,28 @@ TEST(CudaVerifiedApply, InvalidPatchWritesNothing) {
   EXPECT_THROW(apply_on_device(applier, f, patches, f.expected, current), ds::Error);
   EXPECT_EQ(f.device_state(), f.base);
 }
+
+TEST(CudaVerifiedApply, HeaderErrorsAreRefusedBeforeTheSaveReadsAPosition) {
+  // The save reads the patch positions before the scatter: a patch the Applier would refuse (a
+  // 2-byte index width here, whose positions array is too short to read as int64) is refused
+  // before the save is queued, with the Applier's words, and nothing is written.
+  SKIP_WITHOUT_GPU();
+  Fixture f;
+  auto patches = f.patches();
+  patches[1].index_width = 2;
+  patches[1].count = 1;
+  ds::cuda::SavingApplier applier;
+  const auto targets = f.targets();
+  EXPECT_EQ(applier.apply(targets, patches, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(ds::cuda::take_refusal(), "tensor b: index width 2 is not 4 or 8 bytes");
+  ds::cuda::check(cudaDeviceSynchronize(), "synchronize");
+  EXPECT_EQ(f.device_state(), f.base);
+  // A value-width mismatch is the status's to report (nothing is saved or written) and the
+  // tensors after it are not read at all, however they look.
+  patches = f.patches();
+  patches[0].value_width = 2;
+  patches[2].indices = nullptr;
+  std::vector<uint64_t> current = ds::digest_tensors(f.host_refs(f.base));
+  EXPECT_THROW(apply_on_device(applier, f, patches, f.expected, current), ds::Error);
+  EXPECT_EQ(f.device_state(), f.base);
+}

@@ -19,7 +19,7 @@ struct CheckpointImage {
   st::File file;                 // the validated, mapped original
   std::vector<TensorMeta> meta;  // header order
   // Whole file, in huge pages where granted: apply writes at random positions across it, which
-  // with 4 KiB pages costs a page walk per change (see deltasync/huge_buffer.hpp).
+  // with 4 KiB pages costs a page walk per change (see core/huge_buffer.hpp).
   HugeBuffer bytes;
   uint64_t data_start = 0;       // offset of the data section in `bytes`
 

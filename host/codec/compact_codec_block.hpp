@@ -11,7 +11,7 @@
 
 namespace deltasync::compact::detail {
 
-// The block index's layout is public (deltasync/compact_block_index.hpp).
+// The block index's layout is public (codec/compact_block_index.hpp).
 using compact::BlockRecord;
 using compact::IndexHeader;
 

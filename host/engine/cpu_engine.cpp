@@ -311,7 +311,8 @@ void validate(std::span<const TensorRef> targets, std::span<const PatchRef> patc
   }
 }
 
-void gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> positions, std::span<uint8_t> out) {
+std::vector<uint64_t> gather_layout(std::span<const ConstTensorRef> sources, std::span<const PatchRef> positions,
+                                    uint64_t out_bytes) {
   if (sources.size() != positions.size()) throw Error("gather: one position list per tensor expected");
   std::vector<uint64_t> out_at(sources.size() + 1, 0);
   for (size_t t = 0; t < sources.size(); ++t) {
@@ -323,7 +324,12 @@ void gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> p
       throw Error("gather: tensor " + std::string(sources[t].name) + ": index width " + std::to_string(p.index_width) + " is not 4 or 8 bytes");
     out_at[t + 1] = out_at[t] + p.count * sources[t].width;
   }
-  if (out_at.back() > out.size()) throw Error("gather: output too small");
+  if (out_at.back() > out_bytes) throw Error("gather: output too small");
+  return out_at;
+}
+
+void gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> positions, std::span<uint8_t> out) {
+  const std::vector<uint64_t> out_at = gather_layout(sources, positions, out.size());
   // Tasks in parallel; the error reported is the first bad position in patch order, as one
   // thread would find it (what is gathered before it is of no use to the caller).
   const std::vector<PatchTask> tasks = split_patches(positions);

@@ -9,6 +9,7 @@
 #include "deltasync/cuda/engine.hpp"
 #include "device_buffers.cuh"
 #include "nvtx_ranges.cuh"
+#include "patch_headers.hpp"
 #include "refusal.cuh"
 
 namespace deltasync::cuda {
@@ -33,12 +34,8 @@ struct Applier::State {
   TransferCounters transfer;  // the last call
 };
 
-namespace {
+namespace detail {
 
-// The header checks of cpu::validate, in its order. Sets `width_mismatch` to the first tensor
-// whose values have the wrong width (reported through the status, like index errors), or -1;
-// refuses (cudaErrorInvalidValue, reason for take_refusal()) the errors that are the caller's
-// bug rather than a bad delta.
 cudaError_t check_patch_headers(std::span<const TensorRef> targets, std::span<const PatchRef> patches,
                                 int64_t& width_mismatch) {
   width_mismatch = -1;
@@ -71,7 +68,7 @@ cudaError_t check_patch_headers(std::span<const TensorRef> targets, std::span<co
   return cudaSuccess;
 }
 
-}  // namespace
+}  // namespace detail
 
 Applier::Applier() : state_(new State) {
   int device = 0;
@@ -91,7 +88,7 @@ cudaError_t Applier::apply(std::span<const TensorRef> targets, std::span<const P
                            cudaStream_t stream) {
   detail::scoped_range range{"apply"};
   int64_t width_mismatch = -1;
-  if (const cudaError_t refused = check_patch_headers(targets, patches, width_mismatch); refused != cudaSuccess)
+  if (const cudaError_t refused = detail::check_patch_headers(targets, patches, width_mismatch); refused != cudaSuccess)
     return refused;
   State& s = *state_;
   s.transfer = {};

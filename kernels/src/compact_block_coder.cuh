@@ -1,6 +1,6 @@
 // Device-side pieces of the compact block coder (docs/compact-format.md), mirroring
-// host/src/compact_codec_block.cpp function by function (the value symbols and the rANS symbol
-// arithmetic are the CPU's own, deltasync/compact_symbols.hpp): hybrid-integer tokens,
+// host/codec/compact_codec_block.cpp function by function (the value symbols and the rANS symbol
+// arithmetic are the CPU's own, codec/compact_symbols.hpp): hybrid-integer tokens,
 // the deterministic table quantization, varints and little-endian byte access. Everything
 // works on bytes (no wide loads or stores), because payloads, records and value arrays have no
 // alignment guarantee. Shared by the encode and decode kernels.
@@ -14,7 +14,7 @@
 
 namespace deltasync::cuda::detail::compact_coder {
 
-// Shared with the CPU codec (deltasync/compact_symbols.hpp, deltasync/compact_block_index.hpp).
+// Shared with the CPU codec (codec/compact_symbols.hpp, codec/compact_block_index.hpp).
 using compact::apply_value_symbol;
 using compact::enc_symbol;
 using compact::EncSymbol;

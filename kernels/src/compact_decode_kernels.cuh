@@ -14,7 +14,7 @@
 //                          block's last position (the blocks were decoded independently), and
 //                          a tiled tensor's block must end in the tile it starts in.
 //   (then, for banded tensors, the reorder into flat order of compact_tile_kernels.cuh)
-// The checks and their order are those of host/src/compact_codec_block.cpp (decode_block), so
+// The checks and their order are those of host/codec/compact_codec_block.cpp (decode_block), so
 // the host can rebuild the CPU twin's message from a fault code and two numbers.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -76,13 +76,14 @@ namespace compact_decode {
 
 using namespace compact_coder;
 
-// The CPU decoder's chunk (host/src/compact_codec_block.cpp, kDecodeChunk): it decodes the
-// rANS tokens of kDecodeChunk changes, checks the stream for truncation, then reads their raw
-// bits. The GPU follows the same structure so that a payload with several defects is refused
-// with the same (first found) one; change both together.
+// The CPU decoder's chunk for compact_version 1 (host/codec/compact_codec_block.cpp,
+// kByteChunk): it decodes the rANS tokens of kDecodeChunk changes, checks the stream for
+// truncation, then reads their raw bits. The GPU follows the same structure so that a payload
+// with several defects is refused with the same (first found) one; change both together.
 inline constexpr uint32_t kDecodeChunk = 16;
 
-// Lane-0 state of one block's decode. Like the CPU's zero-padded stream copies, bytes past the
+// A thread's reader of one block's streams (version 1: lane 0's; version 2: every lane holds
+// one, at the same positions). Like the CPU's zero-padded stream copies, bytes past the
 // end of either stream read as zero; overruns are detected from the positions afterwards.
 struct Reader {
   const uint8_t* rans;
@@ -124,8 +125,8 @@ struct Reader {
   }
 };
 
-// Reads one frequency table (lane 0): num_symbols, then the frequencies; fills freq/start.
-// Returns num_symbols, or sets the fault.
+// One LEB128 varint of at most five bytes at p[at, end); sets the fault when it runs off the end
+// or is longer.
 __host__ __device__ inline uint32_t get_varint(const uint8_t* p, uint32_t& at, uint32_t end, uint32_t& fault) {
   uint32_t v = 0;
   for (uint32_t shift = 0; shift < 35; shift += 7) {
@@ -141,6 +142,8 @@ __host__ __device__ inline uint32_t get_varint(const uint8_t* p, uint32_t& at, u
   return 0;
 }
 
+// Reads one frequency table (lane 0): num_symbols, then the frequencies; fills freq/start.
+// Returns num_symbols, or sets the fault.
 __host__ __device__ inline uint32_t read_table(const uint8_t* p, uint32_t& at, uint32_t end, uint32_t limit, bool required,
                                       uint16_t* freq, uint16_t* start, CompactBlockFault& f) {
   const uint32_t num_symbols = get_varint(p, at, end, f.code);
@@ -232,8 +235,10 @@ __host__ __device__ inline uint32_t decode_serial(const CompactDecodeTask& task,
       }
     }
     // Chunks start at odd changes: change begin + k uses lanes 2/3 (gap/value) for even k.
-    for (uint32_t begin = 1; f == kFaultNone && begin < task.count; begin += kDecodeChunk) {
-      const uint32_t n = task.count - begin < kDecodeChunk ? task.count - begin : kDecodeChunk;
+    // 64-bit counters: a block index may claim up to 2^32 - 1 changes, and a 32-bit `begin`
+    // stepping past that would wrap and never end.
+    for (uint64_t begin = 1; f == kFaultNone && begin < task.count; begin += kDecodeChunk) {
+      const auto n = static_cast<uint32_t>(task.count - begin < kDecodeChunk ? task.count - begin : kDecodeChunk);
       uint32_t k = 0;
       for (; k + 1 < n; k += 2) {
         chunk_gap[k] = static_cast<uint8_t>(r.get_symbol(x2, gap_slots));
@@ -338,8 +343,8 @@ __device__ inline uint32_t decode_lanes(const CompactDecodeTask& task, const uin
     return fault.code = kFaultRansInitialState;
   uint64_t position = task.first_position;  // the last decoded change's (uniform)
   uint64_t bit_at = 0;                      // uniform
-  for (uint32_t begin = 0; begin < task.count; begin += compact::kWordLanes) {
-    const uint32_t i = begin + lane;
+  for (uint64_t begin = 0; begin < task.count; begin += compact::kWordLanes) {  // 64-bit: see decode_serial
+    const uint64_t i = begin + lane;
     const bool live = i < task.count;
     const bool has_gap = live && i != 0;
     const uint32_t gt = word_step(x, has_gap, gap_slots, r, lower);
@@ -369,7 +374,7 @@ __device__ inline uint32_t decode_lanes(const CompactDecodeTask& task, const uin
     }
     if (live) {
       task.positions[i] = static_cast<int64_t>(position + reach);
-      store_bits(task.new_bits + uint64_t{i} * W, static_cast<uint32_t>(token_base(vt) + value_raw), W);
+      store_bits(task.new_bits + i * W, static_cast<uint32_t>(token_base(vt) + value_raw), W);
     }
     position += __shfl_sync(kAll, reach, 31);
     bit_at = __shfl_sync(kAll, bits_after, 31);
@@ -383,8 +388,9 @@ __device__ inline uint32_t decode_lanes(const CompactDecodeTask& task, const uin
 #endif  // __CUDACC__
 
 inline constexpr unsigned kDecodeThreads = 32;
-// Largest rANS + raw-bit area staged in shared memory (beside ~34 KB of tables); a block with
-// more reads its streams from global memory instead.
+// Largest rANS + raw-bit area staged in shared memory (beside ~34 KB of tables; less where the
+// device has less room, see launch_compact_decode); a block with more reads its streams from
+// global memory instead.
 inline constexpr uint32_t kMaxStagedBytes = 160 * 1024;
 
 // The kernels and their launcher need nvcc; the block logic above is plain host/device code
@@ -455,9 +461,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
+// Runs only after a clean block decode: a faulted block's positions were never written (and the
+// host reports the decode fault first anyway).
 __global__ void check_block_order(const CompactDecodeTask* tasks, uint32_t num_blocks, CompactDecodeStatus* status) {
   const uint64_t b = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (b >= num_blocks) return;
+  if (b >= num_blocks || status->first_bad_block != kNoBadBlock) return;
   const CompactDecodeTask task = tasks[b];
   if (task.tiles.tiles() > 1 &&
       task.tiles.tile_of(static_cast<uint64_t>(task.positions[0])) != task.tiles.tile_of(static_cast<uint64_t>(task.positions[task.count - 1])))
@@ -472,16 +480,26 @@ __global__ void check_block_order(const CompactDecodeTask* tasks, uint32_t num_b
 }  // namespace compact_decode
 
 #ifdef __CUDACC__
-// Launchers: all on `stream`, no synchronization. `status` must hold kNoBadBlock in both words.
+// Launchers: all on `stream`, no synchronization. `status` must hold kNoBadBlock in every field.
 // `largest_streams`: the most rANS + raw-bit bytes of any block (staged in shared memory up to
 // kMaxStagedBytes).
 inline cudaError_t launch_compact_decode(const CompactDecodeTask* tasks, uint32_t num_blocks, uint64_t largest_streams,
                                          CompactBlockFault* faults, CompactDecodeStatus* status, cudaStream_t stream) {
   if (num_blocks == 0) return cudaSuccess;
-  const uint32_t staged = static_cast<uint32_t>(
-      largest_streams < compact_decode::kMaxStagedBytes ? largest_streams : compact_decode::kMaxStagedBytes);
-  cudaError_t err = cudaFuncSetAttribute(compact_decode::decode_blocks, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(staged));
+  // The staging area the device leaves beside the kernel's own shared memory: an A100 allows a
+  // block 163 KiB in all (an H100 227), less than the tables plus kMaxStagedBytes. The kernel's
+  // limit is set to that whole room, the same value from every caller (a limit sized per
+  // decode could be lowered by another thread's decode between this one's setting and launch).
+  int device = 0, optin = 0;
+  cudaFuncAttributes kernel{};
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&kernel, compact_decode::decode_blocks);
+  if (err != cudaSuccess) return err;
+  const uint64_t room = static_cast<uint64_t>(optin) > kernel.sharedSizeBytes ? static_cast<uint64_t>(optin) - kernel.sharedSizeBytes : 0;
+  const uint64_t most = room < compact_decode::kMaxStagedBytes ? room : compact_decode::kMaxStagedBytes;
+  const auto staged = static_cast<uint32_t>(largest_streams < most ? largest_streams : most);
+  err = cudaFuncSetAttribute(compact_decode::decode_blocks, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
   if (err != cudaSuccess) return err;
   compact_decode::decode_blocks<<<num_blocks, compact_decode::kDecodeThreads, staged, stream>>>(tasks, faults, status,
                                                                                               staged);

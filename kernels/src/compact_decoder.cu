@@ -239,7 +239,8 @@ cudaError_t CompactDecoder::queue(std::span<const compact::ParsedBlockIndex> par
     for (const compact::BlockRecord& r : p.blocks) largest_streams = std::max<uint64_t>(largest_streams, uint64_t{r.rans_bytes} + r.bits_bytes);
   DELTASYNC_RETURN_IF_ERROR(detail::launch_compact_decode(s.tasks.data(), blocks, largest_streams, s.faults.data(), s.status.data(), stream));
   if (!banded.empty()) {
-    // Banded tensors into flat order (every kernel does nothing if the decode found a fault).
+    // Banded tensors into flat order (after a fault the counts are zeros and the reorder does
+    // nothing).
     std::memcpy(s.banded_host.data(), banded.data(), banded.size() * sizeof(detail::TiledTensor));
     DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.banded.data(), s.banded_host.data(), banded.size() * sizeof(detail::TiledTensor),
                                               cudaMemcpyHostToDevice, stream));

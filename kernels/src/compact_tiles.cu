@@ -11,12 +11,14 @@ __device__ inline bool decode_failed(const CompactDecodeStatus* status) {
 }
 
 // counts[s] for every segment of the launch (one extra, zero, at the end: the scan's total).
+// After a failed decode every count is zero (the positions were not all written), so that the
+// scan after this kernel reads written memory.
 template <bool kBandMajor>
 __global__ void segment_counts(const TiledTensor* tensors, uint32_t num_tensors, uint64_t num_segments, uint64_t* counts,
                                const CompactDecodeStatus* status) {
-  if (decode_failed(status)) return;
+  const bool failed = decode_failed(status);
   for (uint64_t s = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; s <= num_segments; s += uint64_t{gridDim.x} * blockDim.x) {
-    if (s == num_segments) {
+    if (s == num_segments || failed) {
       counts[s] = 0;
       continue;
     }

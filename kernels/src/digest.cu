@@ -6,12 +6,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "deltasync/cuda/digest.hpp"
 #include "deltasync/cuda/engine.hpp"
 #include "codec/digest_mix.hpp"
 #include "device_buffers.cuh"
+#include "refusal.cuh"
 
 namespace deltasync::cuda {
 
@@ -43,7 +45,7 @@ struct Job {
 __device__ uint32_t job_of_tile(const Job* jobs, uint32_t num_jobs, uint64_t tile) {
   uint32_t lo = 0, hi = num_jobs;  // invariant: answer in [lo, hi)
   while (hi - lo > 1) {
-    const uint32_t mid = (lo + hi) / 2;
+    const uint32_t mid = lo + (hi - lo) / 2;
     if (jobs[mid].first_tile <= tile) lo = mid;
     else hi = mid;
   }
@@ -215,12 +217,28 @@ Digester::~Digester() {
   delete state_;
 }
 
+namespace {
+
+// What the kernels cannot read, refused with a reason (the engine checks widths first, with the
+// CPU twin's words): element loads are 1, 2 or 4 bytes wide and need aligned data.
+cudaError_t check_tensor(const ConstTensorRef& t) {
+  const std::string name(t.name);
+  if (!valid_width(t.width))
+    return detail::refuse("digest: tensor " + name + " has " + std::to_string(t.width) +
+                          "-byte elements; digests cover 1-, 2- and 4-byte elements");
+  if (t.numel > 0 && t.data == nullptr) return detail::refuse("digest: tensor " + name + " has no data");
+  if (reinterpret_cast<uintptr_t>(t.data) % t.width != 0)
+    return detail::refuse("digest: tensor " + name + ": data not aligned to its " + std::to_string(t.width) + "-byte elements");
+  return cudaSuccess;
+}
+
+}  // namespace
+
 cudaError_t Digester::digest(std::span<const ConstTensorRef> tensors, uint64_t* out, cudaStream_t stream) {
   state_->transfer = {};
   if (tensors.empty()) return cudaSuccess;
   if (out == nullptr) return cudaErrorInvalidValue;
-  for (const auto& t : tensors)
-    if (!valid_width(t.width) || (t.numel > 0 && t.data == nullptr)) return cudaErrorInvalidValue;
+  for (const auto& t : tensors) DELTASYNC_RETURN_IF_ERROR(check_tensor(t));
   if (cudaError_t err = state_->prepare(tensors.size()); err != cudaSuccess) return err;
   uint64_t tiles = 0;
   for (size_t t = 0; t < tensors.size(); ++t) {
@@ -243,9 +261,13 @@ cudaError_t Digester::shifts(std::span<const ConstTensorRef> targets, std::span<
   if (out == nullptr) return cudaErrorInvalidValue;
   for (size_t t = 0; t < targets.size(); ++t) {
     const PatchRef& p = patches[t];
-    if (!valid_width(targets[t].width) || (p.index_width != 4 && p.index_width != 8)) return cudaErrorInvalidValue;
+    DELTASYNC_RETURN_IF_ERROR(check_tensor(targets[t]));
+    if (p.index_width != 4 && p.index_width != 8) return cudaErrorInvalidValue;
     if (p.count > 0 && (p.indices == nullptr || old_bits[t] == nullptr || targets[t].data == nullptr))
       return cudaErrorInvalidValue;
+    if (p.count > 0 && reinterpret_cast<uintptr_t>(p.indices) % p.index_width != 0)
+      return detail::refuse("digest: tensor " + std::string(targets[t].name) + ": positions not aligned to their " +
+                            std::to_string(p.index_width) + "-byte integers");
   }
   if (cudaError_t err = state_->prepare(targets.size()); err != cudaSuccess) return err;
   uint64_t tiles = 0;

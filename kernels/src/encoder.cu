@@ -24,7 +24,8 @@ using detail::refuse;
 namespace {
 
 // The first encode allocates room for this many changed elements (or the whole set if smaller):
-// enough for ~1% of a 100M-element model without a rerun, 10 MB of device memory.
+// enough for ~1% of a 100M-element model without a rerun, 2^20 x (8 + 2 x width) bytes of device
+// memory (12 MiB for 2-byte elements).
 constexpr int64_t kInitialCapacity = int64_t{1} << 20;
 
 // What identifies a tensor set for the cached device tables (names only appear in messages).

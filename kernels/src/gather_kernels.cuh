@@ -24,7 +24,7 @@ struct SaveJob {
 __device__ uint32_t save_job_of_tile(const SaveJob* jobs, uint32_t num_jobs, uint64_t tile) {
   uint32_t lo = 0, hi = num_jobs;
   while (hi - lo > 1) {
-    const uint32_t mid = (lo + hi) / 2;
+    const uint32_t mid = lo + (hi - lo) / 2;
     if (jobs[mid].first_tile <= tile) lo = mid;
     else hi = mid;
   }

@@ -53,6 +53,9 @@ struct LowByteEncoder::State {
   DeviceArray<uint16_t> values;
   DeviceArray<uint64_t> offsets;      // offsets then value_offsets, T + 1 each
   uint64_t changed = 0;
+  // What stage() copies: the last encode()'s tensor count, or -1 when there is none (none yet,
+  // or a take_shadow() since, whose table replaced the encode's).
+  int64_t encoded_tensors = -1;
   // Recorded after the last encode's kernels and after the last stage's copies: a call waits
   // for them before it rewrites or grows what they read or write (normally long done: callers
   // synchronize before reading staged()), so a wait here is not counted as a host sync.
@@ -116,6 +119,7 @@ cudaError_t LowByteEncoder::encode(std::span<const EncodeItem> items, cudaStream
   State& s = *state_;
   s.transfer = {};
   s.changed = 0;
+  s.encoded_tensors = -1;
   for (cudaEvent_t* e : {&s.encode_done, &s.stage_done}) {
     if (*e == nullptr) DELTASYNC_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     DELTASYNC_RETURN_IF_ERROR(cudaEventSynchronize(*e));
@@ -139,8 +143,8 @@ cudaError_t LowByteEncoder::encode(std::span<const EncodeItem> items, cudaStream
   } else {
     size_t reduce_bytes = 0, select_bytes = 0;
     DELTASYNC_RETURN_IF_ERROR(cub::DeviceReduce::Sum(nullptr, reduce_bytes, flags, s.count.data(), n, stream));
-    DELTASYNC_RETURN_IF_ERROR(cub::DeviceSelect::If(nullptr, select_bytes, ids, s.ids.data(), s.count.data() + 1, n,
-                                                    changed, stream));
+    DELTASYNC_RETURN_IF_ERROR(cub::DeviceSelect::If(nullptr, select_bytes, ids, detail::BoundedIds{nullptr, 0},
+                                                    s.count.data() + 1, n, changed, stream));
     DELTASYNC_RETURN_IF_ERROR(s.cub_temp.reserve(std::max<size_t>({reduce_bytes, select_bytes, 1})));
     DELTASYNC_RETURN_IF_ERROR(cub::DeviceReduce::Sum(s.cub_temp.data(), reduce_bytes, flags, s.count.data(), n, stream));
   }
@@ -153,26 +157,28 @@ cudaError_t LowByteEncoder::encode(std::span<const EncodeItem> items, cudaStream
   DELTASYNC_RETURN_IF_ERROR(s.ids.reserve(std::max<uint64_t>(selected, 1)));
   DELTASYNC_RETURN_IF_ERROR(s.values.reserve(std::max<uint64_t>(selected, 1)));
 
-  // 2. Select (ascending ids), 3. offsets, 4. bits + shadow + local positions.
+  // 2. Select (ascending ids; at most `selected` written), 3. offsets, 4. bits + shadow + local
+  // positions.
   if (selected > 0) {
+    const detail::BoundedIds out{s.ids.data(), static_cast<int64_t>(selected)};
     size_t select_bytes = 0;
-    DELTASYNC_RETURN_IF_ERROR(cub::DeviceSelect::If(nullptr, select_bytes, ids, s.ids.data(), s.count.data() + 1, n,
-                                                    changed, stream));
-    DELTASYNC_RETURN_IF_ERROR(cub::DeviceSelect::If(s.cub_temp.data(), select_bytes, ids, s.ids.data(),
-                                                    s.count.data() + 1, n, changed, stream));
+    DELTASYNC_RETURN_IF_ERROR(cub::DeviceSelect::If(nullptr, select_bytes, ids, out, s.count.data() + 1, n, changed, stream));
+    DELTASYNC_RETURN_IF_ERROR(
+        cub::DeviceSelect::If(s.cub_temp.data(), select_bytes, ids, out, s.count.data() + 1, n, changed, stream));
   } else {
     DELTASYNC_RETURN_IF_ERROR(cudaMemsetAsync(s.count.data() + 1, 0, sizeof(int64_t), stream));
   }
   uint64_t* offsets = s.offsets.data();
   detail::low_byte_offsets_kernel<<<detail::grid_for(uint64_t{T} + 1, kThreads, s.sm_count), kThreads, 0, stream>>>(
-      s.device_starts(), T, s.ids.data(), s.count.data() + 1, offsets, offsets + T + 1);
+      s.device_starts(), T, s.ids.data(), s.count.data() + 1, selected, offsets, offsets + T + 1);
   DELTASYNC_RETURN_IF_ERROR(cudaGetLastError());
   if (selected > 0) {
     detail::low_byte_finish_kernel<<<detail::grid_for(selected, kThreads, s.sm_count), kThreads, 0, stream>>>(
-        s.device_tensors(), s.device_starts(), T, s.ids.data(), selected, s.values.data());
+        s.device_tensors(), s.device_starts(), T, s.ids.data(), s.count.data() + 1, selected, s.values.data());
     DELTASYNC_RETURN_IF_ERROR(cudaGetLastError());
   }
   s.changed = selected;
+  s.encoded_tensors = T;
   return cudaEventRecord(s.encode_done, stream);
 }
 
@@ -180,6 +186,7 @@ cudaError_t LowByteEncoder::take_shadow(std::span<const EncodeItem> items, cudaS
   DELTASYNC_RETURN_IF_ERROR(check_items(items));
   State& s = *state_;
   s.transfer = {};
+  s.encoded_tensors = -1;
   for (cudaEvent_t* e : {&s.encode_done, &s.stage_done}) {
     if (*e == nullptr) DELTASYNC_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     DELTASYNC_RETURN_IF_ERROR(cudaEventSynchronize(*e));
@@ -199,10 +206,12 @@ uint64_t LowByteEncoder::total_changed() const { return state_->changed; }
 cudaError_t LowByteEncoder::stage(cudaStream_t stream) {
   detail::scoped_range range{"low-byte stage"};
   State& s = *state_;
-  if (s.stage_done == nullptr) return cudaErrorInvalidResourceHandle;  // no encode yet
+  if (s.encoded_tensors < 0) return detail::refuse("low-byte stage: no encode to stage (none yet, or a take_shadow since)");
   DELTASYNC_RETURN_IF_ERROR(cudaEventSynchronize(s.stage_done));
+  // The copies below read what the encode's kernels write: on another stream they wait for them.
+  DELTASYNC_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, s.encode_done, 0));
   s.staged_any = false;
-  const uint64_t T = s.num_tensors;
+  const auto T = static_cast<uint64_t>(s.encoded_tensors);
   DELTASYNC_RETURN_IF_ERROR(s.staged_offsets.reserve(2 * (T + 1)));
   DELTASYNC_RETURN_IF_ERROR(s.staged_indices.reserve(std::max<uint64_t>(s.changed, 1)));
   DELTASYNC_RETURN_IF_ERROR(s.staged_values.reserve(std::max<uint64_t>(s.changed, 1)));

@@ -10,7 +10,9 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 namespace deltasync::cuda::detail {
 
@@ -25,7 +27,7 @@ struct LowByteTensor {
 __device__ inline uint32_t low_byte_tensor_of(const uint64_t* starts, uint32_t num_tensors, uint64_t g) {
   uint32_t lo = 0, hi = num_tensors;  // starts[lo] <= g < starts[hi]
   while (hi - lo > 1) {
-    const uint32_t mid = (lo + hi) / 2;
+    const uint32_t mid = lo + (hi - lo) / 2;
     if (starts[mid] <= g) lo = mid;
     else hi = mid;
   }
@@ -51,10 +53,55 @@ struct LowByteChangedCount {
   __device__ int64_t operator()(int64_t id) const { return changed(id) ? 1 : 0; }
 };
 
+// The select's output: ids go to data[0, capacity), and what would land past it is dropped.
+// The output is sized by the count pass, and the select finds as many ids unless `current` was
+// written between the two passes (a caller's race): then the result is wrong, but nothing is
+// written, or later read, outside the buffers (the kernels below take at most `capacity` ids).
+struct BoundedIds {
+  using difference_type = ptrdiff_t;
+  using value_type = int64_t;
+  using pointer = void;
+  struct reference {
+    int64_t* at;
+    __host__ __device__ reference& operator=(int64_t id) {
+      if (at != nullptr) *at = id;
+      return *this;
+    }
+  };
+  using iterator_category = std::random_access_iterator_tag;
+
+  int64_t* data;
+  int64_t capacity;
+  int64_t offset = 0;
+
+  __host__ __device__ reference operator[](difference_type k) const {
+    const int64_t at = offset + k;
+    return reference{at >= 0 && at < capacity ? data + at : nullptr};
+  }
+  __host__ __device__ reference operator*() const { return (*this)[0]; }
+  __host__ __device__ BoundedIds operator+(difference_type k) const { return BoundedIds{data, capacity, offset + k}; }
+  __host__ __device__ BoundedIds& operator+=(difference_type k) {
+    offset += k;
+    return *this;
+  }
+  __host__ __device__ BoundedIds& operator++() {
+    ++offset;
+    return *this;
+  }
+  __host__ __device__ difference_type operator-(const BoundedIds& other) const { return offset - other.offset; }
+};
+
+// What the select left in the ids buffer: its count, at most the buffer's capacity.
+__device__ inline uint64_t selected_ids(const int64_t* num_selected, uint64_t capacity) {
+  const auto n = static_cast<uint64_t>(*num_selected);
+  return n < capacity ? n : capacity;
+}
+
 // offsets[t] = number of selected ids below starts[t], for t = 0..T (starts[T] = all ids).
 __global__ void low_byte_offsets_kernel(const uint64_t* starts, uint32_t num_tensors, const int64_t* ids,
-                                        const int64_t* num_selected, uint64_t* offsets, uint64_t* value_offsets) {
-  const uint64_t n = static_cast<uint64_t>(*num_selected);
+                                        const int64_t* num_selected, uint64_t capacity, uint64_t* offsets,
+                                        uint64_t* value_offsets) {
+  const uint64_t n = selected_ids(num_selected, capacity);
   for (uint64_t t = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; t <= num_tensors;
        t += uint64_t{gridDim.x} * blockDim.x) {
     uint64_t lo = 0, hi = n;  // first k with ids[k] >= starts[t]
@@ -71,7 +118,8 @@ __global__ void low_byte_offsets_kernel(const uint64_t* starts, uint32_t num_ten
 // For every selected id: values[k] = the element's bits, the shadow's byte catches up, and the
 // id becomes the position inside its tensor.
 __global__ void low_byte_finish_kernel(const LowByteTensor* tensors, const uint64_t* starts, uint32_t num_tensors,
-                                       int64_t* ids, uint64_t count, uint16_t* values) {
+                                       int64_t* ids, const int64_t* num_selected, uint64_t capacity, uint16_t* values) {
+  const uint64_t count = selected_ids(num_selected, capacity);
   for (uint64_t k = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; k < count; k += uint64_t{gridDim.x} * blockDim.x) {
     const uint64_t g = static_cast<uint64_t>(ids[k]);
     const LowByteTensor t = tensors[low_byte_tensor_of(starts, num_tensors, g)];

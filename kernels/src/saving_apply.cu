@@ -11,6 +11,7 @@
 #include "deltasync/cuda/saving_apply.hpp"
 #include "device_buffers.cuh"
 #include "gather_kernels.cuh"
+#include "patch_headers.hpp"
 #include "refusal.cuh"
 
 namespace deltasync::cuda {
@@ -55,6 +56,12 @@ cudaError_t SavingApplier::apply(std::span<const TensorRef> targets, std::span<c
       return detail::refuse("tensor " + std::string(targets[t].name) + ": " + std::to_string(w) +
                             "-byte elements; verified apply covers 1-, 2- and 4-byte elements");
   }
+  // The Applier's header checks come before the save, which reads the same positions: a patch
+  // it refuses (index width, null or misaligned pointer) must not be read here either. After a
+  // value-width mismatch (tensors past it unchecked) nothing is written, so nothing is saved.
+  int64_t width_mismatch = -1;
+  DELTASYNC_RETURN_IF_ERROR(detail::check_patch_headers(targets, patches, width_mismatch));
+  const bool save = width_mismatch < 0;
   DELTASYNC_RETURN_IF_ERROR(s.host_jobs.reserve(T));
   DELTASYNC_RETURN_IF_ERROR(s.device_jobs.reserve(T));
   DELTASYNC_RETURN_IF_ERROR(s.shifts.reserve(T));
@@ -62,13 +69,14 @@ cudaError_t SavingApplier::apply(std::span<const TensorRef> targets, std::span<c
   // whatever the tensors before them.
   auto aligned = [](uint64_t bytes) { return (bytes + 15) / 16 * 16; };
   uint64_t saved_bytes = 0, tiles = 0;
-  for (size_t t = 0; t < T; ++t) saved_bytes += aligned(patches[t].count * targets[t].width);
+  if (save)
+    for (size_t t = 0; t < T; ++t) saved_bytes += aligned(patches[t].count * targets[t].width);
   DELTASYNC_RETURN_IF_ERROR(s.saved.reserve(saved_bytes));
   std::vector<const void*> old_bits(T);
   std::vector<PatchRef> restore(patches.begin(), patches.end());
   std::vector<ConstTensorRef> views(T);
   uint64_t offset = 0;
-  for (size_t t = 0; t < T; ++t) {
+  for (size_t t = 0; t < T && save; ++t) {
     const PatchRef& p = patches[t];
     uint8_t* at = s.saved.data() + offset;
     s.host_jobs.data()[t] = detail::SaveJob{static_cast<const uint8_t*>(targets[t].data), p.indices, at, p.count,
@@ -80,20 +88,36 @@ cudaError_t SavingApplier::apply(std::span<const TensorRef> targets, std::span<c
     offset += aligned(p.count * targets[t].width);
   }
 
-  DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.device_jobs.data(), s.host_jobs.data(), T * sizeof(detail::SaveJob),
-                                            cudaMemcpyHostToDevice, stream));
-  s.transfer.host_to_device_bytes += T * sizeof(detail::SaveJob);
   if (tiles > 0) {
+    DELTASYNC_RETURN_IF_ERROR(cudaMemcpyAsync(s.device_jobs.data(), s.host_jobs.data(), T * sizeof(detail::SaveJob),
+                                              cudaMemcpyHostToDevice, stream));
+    s.transfer.host_to_device_bytes += T * sizeof(detail::SaveJob);
     const uint64_t cap = static_cast<uint64_t>(s.sm_count) * 8;
     detail::save_kernel<<<static_cast<unsigned>(tiles < cap ? tiles : cap), detail::kSaveThreads, 0, stream>>>(
         s.device_jobs.data(), static_cast<uint32_t>(T), tiles);
     DELTASYNC_RETURN_IF_ERROR(cudaGetLastError());
   }
-  DELTASYNC_RETURN_IF_ERROR(s.applier.apply(targets, patches, stream));
-  s.transfer.add(s.applier.transfer());
-  DELTASYNC_RETURN_IF_ERROR(s.digester.shifts(views, patches, old_bits, s.shifts.data(), stream));
-  s.transfer.add(s.digester.transfer());
+  if (!save) {  // the Applier reports the mismatch through its status; no shifts are read then
+    DELTASYNC_RETURN_IF_ERROR(s.applier.apply(targets, patches, stream));
+    s.transfer.add(s.applier.transfer());
+    return cudaSuccess;
+  }
+  // From here the scatter may be queued, so a failure must not leave it behind: the saved bits
+  // are queued back before the error returns (a scatter that validation stopped wrote nothing,
+  // and the same positions stop its restore too), and the caller, which drains the stream
+  // before it reports the error, finds every byte as it was.
   s.restore = std::move(restore);
+  cudaError_t err = s.applier.apply(targets, patches, stream);
+  s.transfer.add(s.applier.transfer());
+  if (err == cudaSuccess) {
+    err = s.digester.shifts(views, patches, old_bits, s.shifts.data(), stream);
+    s.transfer.add(s.digester.transfer());
+  }
+  if (err != cudaSuccess) {
+    s.applier.apply(targets, s.restore, stream);  // its own failure changes nothing for the caller: it fails
+    s.restore.clear();
+    return err;
+  }
   return cudaSuccess;
 }
 

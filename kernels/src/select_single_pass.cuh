@@ -97,7 +97,8 @@ inline cudaError_t single_pass_tile_state_bytes(uint64_t num_chunks, size_t& byt
   return SelectTileState::AllocationSize(static_cast<int>(num_chunks), bytes);
 }
 
-// Launcher (num_chunks >= 1, < 2^31); `tile_storage` holds single_pass_tile_state_bytes bytes.
+// Launcher (num_chunks >= 1, at most 2^31 - 257: encoder.cu, kMaxChunks); `tile_storage` holds
+// single_pass_tile_state_bytes bytes.
 inline cudaError_t single_pass_select(SinglePassParams p, void* tile_storage, size_t tile_storage_bytes,
                                       cudaStream_t stream) {
   const int num_tiles = static_cast<int>(p.num_chunks);

@@ -46,6 +46,7 @@
 #include "deltasync/cuda/gather.hpp"
 #include "deltasync/cuda/low_byte.hpp"
 #include "deltasync/cuda/saving_apply.hpp"
+#include "engine/cpu_engine.hpp"
 #include "engine/cuda/compact_decode.hpp"
 #include "engine/cuda/cuda_calls.hpp"
 #include "engine/cuda/cuda_patch_transaction.hpp"
@@ -476,13 +477,15 @@ std::vector<PatchRef> CudaSyncEngine::State::upload_patches(std::span<const Patc
 // message; the device then reads every position in one launch.
 void CudaSyncEngine::gather(std::span<const ConstTensorRef> sources, std::span<const PatchRef> positions,
                             std::span<uint8_t> out, TransferCounters& reported) {
-  if (sources.size() != positions.size()) throw Error("gather: one position list per tensor expected");
+  // The CPU twin's checks and messages first (widths, output size), then every position.
+  const std::vector<uint64_t> host_at = cpu::gather_layout(sources, positions, out.size());
   State& s = *state_;
   TransferCounters transfer;
   const ReportOnExit report(transfer, reported, s.cumulative);
   const size_t T = sources.size();
-  std::vector<uint64_t> device_at(T), host_at(T);
-  uint64_t device_total = 0, host_total = 0;
+  std::vector<uint64_t> device_at(T);
+  uint64_t device_total = 0;
+  const uint64_t host_total = host_at[T];
   std::vector<PatchRef> indices_only(positions.begin(), positions.end());
   for (size_t t = 0; t < T; ++t) {
     const PatchRef& p = positions[t];
@@ -494,12 +497,9 @@ void CudaSyncEngine::gather(std::span<const ConstTensorRef> sources, std::span<c
     }
     indices_only[t].values = nullptr;
     indices_only[t].value_width = 0;
-    host_at[t] = host_total;
     device_at[t] = device_total;
-    host_total += p.count * w;
     device_total += (p.count * w + 15) / 16 * 16;
   }
-  if (host_total > out.size()) throw Error("gather: output too small");
   if (host_total == 0) return;
   DeviceScope scope(s.options.cuda_device);
   drained_on_error(s.stream, [&] {

@@ -9,8 +9,9 @@
 // Work split: every compact block (block_elements changes of one tensor) is coded by one CUDA
 // thread block. Encode: tokens, histograms and raw bits use all its threads; the four rANS
 // lanes are independent chains, run by four threads in lockstep, and their bytes are placed
-// by a scan. Decode: one warp per block; the shared rANS stream makes the token decode serial
-// (one thread), then the warp gathers the base bits.
+// by a scan. Decode: one warp per block; compact_version 2's 32 interleaved rANS lanes run one
+// per thread, version 1's shared four-lane stream is decoded by one thread; then the warp
+// gathers the base bits (compact_decode_kernels.cuh).
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -36,8 +36,11 @@ class LowByteEncoder {
 
   uint64_t total_changed() const;
 
-  // Queues copies of offsets, value offsets, positions and values into pinned host buffers
-  // owned by the encoder; staged() (base_values empty) is valid once `stream` is synchronized.
+  // Queues copies of the last encode()'s offsets, value offsets, positions and values into
+  // pinned host buffers owned by the encoder, after that encode's kernels (`stream` may differ
+  // from the encode's); staged() (base_values empty) is valid once `stream` is synchronized.
+  // Refused (cudaErrorInvalidValue, take_refusal()) without an encode since the last
+  // take_shadow().
   cudaError_t stage(cudaStream_t stream);
   DeltaView staged() const;
 
