@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -131,6 +132,9 @@ def main() -> None:
                                             share=args.share, rows=rows, median=med,
                                             anchor_ms=dict(publish=anchor_staged * 1e3, visible=anchor_visible * 1e3,
                                                            subscribe=anchor_subscribe * 1e3)), indent=1))
+    differ = [r["step"] for r in rows if not r["bit_identical"]]
+    if differ:
+        sys.exit(f"the follower's weights differ from the trainer's after step(s) {differ}")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ Registration peak_cuda(PeakProvider{"cuda", {}, measure_d2d, {"d2d_copy"}});
 // Downloads a device arena and compares it with the host's current weights.
 void expect_current(const DeviceFixture& f, const uint8_t* device_arena, const char* benchmark) {
   AlignedBytes copy = f.host->model.new_arena();
+  check(cudaDeviceSynchronize(), "bench: download");  // the timed work ran on a non-blocking stream
   check(cudaMemcpy(copy.data(), device_arena, f.host->model.arena_bytes(), cudaMemcpyDeviceToHost), "bench: download");
   if (!same_weights(f.host->model, copy.data(), f.host->current.data()))
     throw Error(std::string(benchmark) + ": the device weights differ from the expected result");
@@ -184,6 +185,7 @@ DevicePatches upload_patches(const HostFixture& f) {
   check(cudaMemcpy(p.indices->data(), idx.data(), k * 4, cudaMemcpyHostToDevice), "bench: upload indices");
   check(cudaMemcpy(p.values->data(), vals.data(), k * w, cudaMemcpyHostToDevice), "bench: upload values");
   check(cudaMemcpy(p.base_values->data(), base.data(), k * w, cudaMemcpyHostToDevice), "bench: upload base values");
+  check(cudaDeviceSynchronize(), "bench: upload");  // see make_device_fixture
   for (size_t t = 0; t < f.changes.size(); ++t) {
     p.refs.push_back({f.changes[t].size(), p.indices->data() + starts[t] * 4, 4, p.values->data() + starts[t] * w, w});
     p.old_bits.push_back(p.base_values->data() + starts[t] * w);
@@ -256,6 +258,7 @@ void end_to_end(State& state) {
   const HostModel& model = f->host->model;
   DeviceBytes receiver(model.arena_bytes());
   check(cudaMemcpy(receiver.data(), f->base->data(), model.arena_bytes(), cudaMemcpyDeviceToDevice), "bench: receiver");
+  check(cudaDeviceSynchronize(), "bench: receiver");  // a device-to-device copy does not wait for itself
   const uint32_t w = model.width();
   DeviceBytes indices(std::max<uint64_t>(f->host->changed, 1) * 8), values(std::max<uint64_t>(f->host->changed, 1) * w);
   // The receiver reads the mapped file's patches into pinned memory (parallel copies), then one

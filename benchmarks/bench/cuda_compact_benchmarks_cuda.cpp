@@ -102,6 +102,7 @@ void compact_decode(State& state) {
   if (state.skipped()) return;
   const cuda::DeviceDecodedDelta& d = decoder.decode(views, metas, base, "bench", gpu.stream());
   std::vector<int64_t> indices(d.offsets.back());
+  check(cudaStreamSynchronize(gpu.stream()), "bench: download");
   check(cudaMemcpy(indices.data(), d.indices, indices.size() * sizeof(int64_t), cudaMemcpyDeviceToHost), "bench: download");
   if (indices != delta.indices) throw Error("compact_decode: decoded positions differ from the encoded ones");
   state.add_note("B/changed", fixed(k > 0 ? encoded_bytes(encoded) / k : 0));

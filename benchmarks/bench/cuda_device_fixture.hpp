@@ -54,6 +54,9 @@ inline std::unique_ptr<DeviceFixture> make_device_fixture(State& state, int devi
   cuda::check(cudaMemcpy(f->current->data(), host->current.data(), bytes, cudaMemcpyHostToDevice), "bench: upload");
   cuda::check(cudaMemcpy(f->base->data(), host->shadow.data(), bytes, cudaMemcpyHostToDevice), "bench: upload");
   cuda::check(cudaMemcpy(f->shadow->data(), host->shadow.data(), bytes, cudaMemcpyHostToDevice), "bench: upload");
+  // A pageable upload may return before its DMA ends, and the benchmarks' stream does not wait
+  // for the legacy stream: the device settles before anything is timed.
+  cuda::check(cudaDeviceSynchronize(), "bench: upload");
   f->host = std::move(host);
   return f;
 }

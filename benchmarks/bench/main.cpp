@@ -196,7 +196,19 @@ int run(int argc, char** argv) {
   std::vector<Result> rows;
   std::vector<CompanionState> companion;
   std::vector<size_t> companion_rows;
-  size_t total = 0, done = 0;
+  size_t total = 0, done = 0, failed = 0;
+  // The reports so far, rewritten after every state: a run stopped by a time limit still leaves
+  // the rows it measured (the torch eager rows come at the end).
+  const auto save = [&](bool final) {
+    std::vector<Result> ready;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (final || std::find(companion_rows.begin(), companion_rows.end(), i) == companion_rows.end()) ready.push_back(rows[i]);
+    const std::string markdown = markdown_report(context, peaks.rows(), ready);
+    if (final) std::cout << markdown;
+    if (!o.markdown_path.empty()) write_text_file(o.markdown_path, markdown);
+    if (!o.csv_path.empty()) write_text_file(o.csv_path, csv_report(peaks.rows(), ready));
+    if (!o.json_path.empty()) write_text_file(o.json_path, json_report(context, peaks.rows(), ready));
+  };
   auto selected = [&](const Benchmark& b) {
     return usable.count(b.device) &&
            (o.benchmarks.empty() || std::find(o.benchmarks.begin(), o.benchmarks.end(), b.name) != o.benchmarks.end());
@@ -219,10 +231,13 @@ int run(int argc, char** argv) {
       State state(b.device, axes, o.policy);
       for (const auto& provider : peak_providers())
         if (provider.device == b.device && provider.interleaved_sampler) state.set_reference(provider.interleaved_sampler);
+      // A benchmark skips what this machine cannot hold (State::skip); an exception is a failure
+      // (a wrong result, a CUDA error): its row says so and the run exits 1.
       try {
         b.run(state);
       } catch (const std::exception& e) {
-        state.skip(e.what());
+        state.skip(std::string("FAILED: ") + e.what());
+        ++failed;
       }
       Result r = state.result(b.name);
       if (r.skipped.empty()) {
@@ -237,6 +252,7 @@ int run(int argc, char** argv) {
         std::fprintf(stderr, " skipped: %s\n", r.skipped.c_str());
       }
       rows.push_back(std::move(r));
+      save(false);
     }
   }
 
@@ -262,12 +278,9 @@ int run(int argc, char** argv) {
 
   context.messages.push_back("load average (1 min) at start " + load_at_start + ", at end " + load_average() + ", on " +
                              std::to_string(std::thread::hardware_concurrency()) + " hardware threads");
-  const std::string markdown = markdown_report(context, peaks.rows(), rows);
-  std::cout << markdown;
-  if (!o.markdown_path.empty()) write_text_file(o.markdown_path, markdown);
-  if (!o.csv_path.empty()) write_text_file(o.csv_path, csv_report(peaks.rows(), rows));
-  if (!o.json_path.empty()) write_text_file(o.json_path, json_report(context, peaks.rows(), rows));
-  return 0;
+  if (failed > 0) context.messages.push_back(std::to_string(failed) + " state(s) FAILED (rows marked FAILED)");
+  save(true);
+  return failed > 0 ? 1 : 0;
 }
 
 }  // namespace
