@@ -69,6 +69,8 @@ TEST(CudaLowByte, StagesTheEncodeOnAnotherStreamAndRefusesWithoutOne) {
     sh.emplace_back(shadow[t].data(), numel[t]);
     items.push_back({names[t], cur[t].ptr, sh[t].ptr, numel[t], 2});
   }
+  // The pageable uploads may still be in flight, and the encode's stream does not wait for them.
+  ds::cuda::check(cudaDeviceSynchronize(), "upload");
   ds::cuda::LowByteEncoder encoder;
   Stream encode_stream, stage_stream;
   ASSERT_EQ(encoder.encode(items, encode_stream.s), cudaSuccess);

@@ -220,13 +220,15 @@ Digester::~Digester() {
 namespace {
 
 // What the kernels cannot read, refused with a reason (the engine checks widths first, with the
-// CPU twin's words): element loads are 1, 2 or 4 bytes wide and need aligned data.
-cudaError_t check_tensor(const ConstTensorRef& t) {
+// CPU twin's words): element loads are 1, 2 or 4 bytes wide and need aligned data. `reads`: the
+// kernels read the tensor at all (a shift reads only the changed positions).
+cudaError_t check_tensor(const ConstTensorRef& t, bool reads) {
   const std::string name(t.name);
   if (!valid_width(t.width))
     return detail::refuse("digest: tensor " + name + " has " + std::to_string(t.width) +
                           "-byte elements; digests cover 1-, 2- and 4-byte elements");
-  if (t.numel > 0 && t.data == nullptr) return detail::refuse("digest: tensor " + name + " has no data");
+  if (!reads) return cudaSuccess;
+  if (t.data == nullptr) return detail::refuse("digest: tensor " + name + " has no data");
   if (reinterpret_cast<uintptr_t>(t.data) % t.width != 0)
     return detail::refuse("digest: tensor " + name + ": data not aligned to its " + std::to_string(t.width) + "-byte elements");
   return cudaSuccess;
@@ -238,7 +240,7 @@ cudaError_t Digester::digest(std::span<const ConstTensorRef> tensors, uint64_t* 
   state_->transfer = {};
   if (tensors.empty()) return cudaSuccess;
   if (out == nullptr) return cudaErrorInvalidValue;
-  for (const auto& t : tensors) DELTASYNC_RETURN_IF_ERROR(check_tensor(t));
+  for (const auto& t : tensors) DELTASYNC_RETURN_IF_ERROR(check_tensor(t, t.numel > 0));
   if (cudaError_t err = state_->prepare(tensors.size()); err != cudaSuccess) return err;
   uint64_t tiles = 0;
   for (size_t t = 0; t < tensors.size(); ++t) {
@@ -261,11 +263,12 @@ cudaError_t Digester::shifts(std::span<const ConstTensorRef> targets, std::span<
   if (out == nullptr) return cudaErrorInvalidValue;
   for (size_t t = 0; t < targets.size(); ++t) {
     const PatchRef& p = patches[t];
-    DELTASYNC_RETURN_IF_ERROR(check_tensor(targets[t]));
+    DELTASYNC_RETURN_IF_ERROR(check_tensor(targets[t], p.count > 0));
+    if (p.count == 0) continue;  // nothing of it is read (the Applier's checks skip it too)
     if (p.index_width != 4 && p.index_width != 8) return cudaErrorInvalidValue;
-    if (p.count > 0 && (p.indices == nullptr || old_bits[t] == nullptr || targets[t].data == nullptr))
+    if ((p.indices == nullptr || old_bits[t] == nullptr || targets[t].data == nullptr))
       return cudaErrorInvalidValue;
-    if (p.count > 0 && reinterpret_cast<uintptr_t>(p.indices) % p.index_width != 0)
+    if (reinterpret_cast<uintptr_t>(p.indices) % p.index_width != 0)
       return detail::refuse("digest: tensor " + std::string(targets[t].name) + ": positions not aligned to their " +
                             std::to_string(p.index_width) + "-byte integers");
   }

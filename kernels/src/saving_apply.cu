@@ -115,6 +115,7 @@ cudaError_t SavingApplier::apply(std::span<const TensorRef> targets, std::span<c
   }
   if (err != cudaSuccess) {
     s.applier.apply(targets, s.restore, stream);  // its own failure changes nothing for the caller: it fails
+    s.transfer.add(s.applier.transfer());
     s.restore.clear();
     return err;
   }
