@@ -30,9 +30,11 @@ every poll until an anchor is written whole (status()["broken"] says why).
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 from .._library import native
@@ -78,6 +80,20 @@ def _seconds(init_info: dict, key: str, default):
         raise ValueError(f"deltasync: init_info {key}={value!r}: give a number of seconds") from None
 
 
+# Followers whose polling thread may still run, stopped before the interpreter finalizes: a daemon
+# thread caught inside the native poll then (the GIL released while it waits on the store) is
+# ended by the interpreter as it takes the GIL back, by an unwind through C++ that cannot be
+# unwound, and the process aborts ("terminate called without an active exception"). atexit
+# handlers run before daemon threads are ended, and the poll in flight finishes meanwhile.
+_live_followers: "weakref.WeakSet[StoreFollower]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_followers_at_exit() -> None:
+    for follower in list(_live_followers):
+        follower.stop(timeout=30)
+
+
 class StoreFollower:
     """One engine core's follower. `between_steps()` is called by the engine core's own thread
     only (plugin.py); the polling thread only reads the store and records what it saw."""
@@ -98,6 +114,7 @@ class StoreFollower:
         self._holding = False                      # scheduling held for batches in flight to finish
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name="deltasync-follow", daemon=True)
+        _live_followers.add(self)
         self._thread.start()
 
     # -- the polling thread ------------------------------------------------------------------
@@ -185,10 +202,12 @@ class StoreFollower:
                 "staleness_seconds": self.staleness(), "stalled": self._stalled, "updates": self.updates,
                 "last_update": self.last_update, "last_error": self.last_error, "broken": self.broken()}
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5) -> None:
+        """Ends the polling thread (a poll in flight finishes first, for up to `timeout` s)."""
         self._release_scheduling()
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=timeout)
+        _live_followers.discard(self)
 
     def _hold_scheduling(self) -> None:
         if not self._holding:
