@@ -266,8 +266,7 @@ cudaError_t Digester::shifts(std::span<const ConstTensorRef> targets, std::span<
     DELTASYNC_RETURN_IF_ERROR(check_tensor(targets[t], p.count > 0));
     if (p.count == 0) continue;  // nothing of it is read (the Applier's checks skip it too)
     if (p.index_width != 4 && p.index_width != 8) return cudaErrorInvalidValue;
-    if ((p.indices == nullptr || old_bits[t] == nullptr || targets[t].data == nullptr))
-      return cudaErrorInvalidValue;
+    if (p.indices == nullptr || old_bits[t] == nullptr) return cudaErrorInvalidValue;  // the data: check_tensor
     if (reinterpret_cast<uintptr_t>(p.indices) % p.index_width != 0)
       return detail::refuse("digest: tensor " + std::string(targets[t].name) + ": positions not aligned to their " +
                             std::to_string(p.index_width) + "-byte integers");

@@ -58,10 +58,15 @@ cudaError_t SavingApplier::apply(std::span<const TensorRef> targets, std::span<c
   }
   // The Applier's header checks come before the save, which reads the same positions: a patch
   // it refuses (index width, null or misaligned pointer) must not be read here either. After a
-  // value-width mismatch (tensors past it unchecked) nothing is written, so nothing is saved.
+  // value-width mismatch (tensors past it unchecked) nothing is written, so nothing is saved:
+  // the Applier reports it through its status, and no shifts are read then.
   int64_t width_mismatch = -1;
   DELTASYNC_RETURN_IF_ERROR(detail::check_patch_headers(targets, patches, width_mismatch));
-  const bool save = width_mismatch < 0;
+  if (width_mismatch >= 0) {
+    DELTASYNC_RETURN_IF_ERROR(s.applier.apply(targets, patches, stream));
+    s.transfer.add(s.applier.transfer());
+    return cudaSuccess;
+  }
   DELTASYNC_RETURN_IF_ERROR(s.host_jobs.reserve(T));
   DELTASYNC_RETURN_IF_ERROR(s.device_jobs.reserve(T));
   DELTASYNC_RETURN_IF_ERROR(s.shifts.reserve(T));
@@ -69,14 +74,13 @@ cudaError_t SavingApplier::apply(std::span<const TensorRef> targets, std::span<c
   // whatever the tensors before them.
   auto aligned = [](uint64_t bytes) { return (bytes + 15) / 16 * 16; };
   uint64_t saved_bytes = 0, tiles = 0;
-  if (save)
-    for (size_t t = 0; t < T; ++t) saved_bytes += aligned(patches[t].count * targets[t].width);
+  for (size_t t = 0; t < T; ++t) saved_bytes += aligned(patches[t].count * targets[t].width);
   DELTASYNC_RETURN_IF_ERROR(s.saved.reserve(saved_bytes));
   std::vector<const void*> old_bits(T);
   std::vector<PatchRef> restore(patches.begin(), patches.end());
   std::vector<ConstTensorRef> views(T);
   uint64_t offset = 0;
-  for (size_t t = 0; t < T && save; ++t) {
+  for (size_t t = 0; t < T; ++t) {
     const PatchRef& p = patches[t];
     uint8_t* at = s.saved.data() + offset;
     s.host_jobs.data()[t] = detail::SaveJob{static_cast<const uint8_t*>(targets[t].data), p.indices, at, p.count,
@@ -96,11 +100,6 @@ cudaError_t SavingApplier::apply(std::span<const TensorRef> targets, std::span<c
     detail::save_kernel<<<static_cast<unsigned>(tiles < cap ? tiles : cap), detail::kSaveThreads, 0, stream>>>(
         s.device_jobs.data(), static_cast<uint32_t>(T), tiles);
     DELTASYNC_RETURN_IF_ERROR(cudaGetLastError());
-  }
-  if (!save) {  // the Applier reports the mismatch through its status; no shifts are read then
-    DELTASYNC_RETURN_IF_ERROR(s.applier.apply(targets, patches, stream));
-    s.transfer.add(s.applier.transfer());
-    return cudaSuccess;
   }
   // From here the scatter may be queued, so a failure must not leave it behind: the saved bits
   // are queued back before the error returns (a scatter that validation stopped wrote nothing,
